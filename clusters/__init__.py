@@ -1,0 +1,1 @@
+"""Cluster back-ends for rayproof."""

@@ -1,0 +1,3 @@
+"""Loads the rayproof pytest plugin for every test run from this checkout."""
+
+pytest_plugins = ["fixtures.plugin"]

@@ -1,0 +1,5 @@
+import sys
+
+from rayproof.cli import main
+
+sys.exit(main())
