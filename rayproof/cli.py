@@ -1,16 +1,145 @@
-"""The ``rayproof`` command."""
+"""The ``rayproof`` command: certify a platform, run the project's tests, report, clean up."""
 from __future__ import annotations
 
 import argparse
+import os
+import platform as pyplatform
 import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pytest(args: list[str]) -> int:
+    import pytest
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return int(pytest.main(["--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"), *args]))
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    """The project's own tests: unit tests, the clauses, and the clauses' self-tests."""
+    return _pytest([str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
+
+
+def local_platform() -> dict[str, str]:
+    import ray
+    import torch
+
+    return {
+        "platform": "local multi-node Ray (no Kubernetes): one network namespace per node",
+        "ray": ray.__version__,
+        "torch": torch.__version__,
+        "python": pyplatform.python_version(),
+        "kernel": pyplatform.release(),
+        "machine": f"{os.cpu_count()} CPUs, {_memory_gib()} GiB",
+    }
+
+
+def _memory_gib() -> str:
+    try:
+        import psutil
+
+        return f"{psutil.virtual_memory().total / 2**30:.0f}"
+    except ImportError:
+        return "?"
+
+
+def cmd_certify(args: argparse.Namespace) -> int:
+    """Run every clause against the platform and write JUnit, Allure and the certification summary."""
+    from reports import summary as summary_mod
+
+    out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.json"
+    print(f"rayproof: certifying; reports go to {out}", flush=True)
+    pytest_args = [str(REPO / "conformance"), "-v", f"--junitxml={out / 'junit.xml'}", f"--alluredir={out / 'allure-results'}",
+                   f"--rayproof-results={results}", "-o", "junit_family=xunit2"]
+    if args.k:
+        pytest_args += ["-k", args.k]
+    rc = _pytest(pytest_args)
+    if not results.exists():
+        print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
+        return rc or 1
+    summary = summary_mod.write(results, local_platform(), out)
+    print(f"rayproof: {summary['verdict']} — {summary['counts']} — {out / 'certification.md'}")
+    return 0 if summary["verdict"] == "CERTIFIED" else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Rebuild the certification summary from a results.json, without a cluster."""
+    from reports import summary as summary_mod
+
+    results = Path(args.results)
+    if not results.is_file():
+        print(f"rayproof: {results} does not exist (pass the results.json of a certification run)", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else results.parent
+    import json
+
+    platform = json.loads((results.parent / "certification.json").read_text())["platform"] \
+        if (results.parent / "certification.json").exists() else {"platform": "unknown (regenerated)"}
+    summary = summary_mod.write(results, platform, out)
+    print(f"rayproof: {summary['verdict']} — {out / 'certification.md'}")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Remove what interrupted runs left behind (only runs whose owner process is gone)."""
+    from fixtures import janitor
+
+    runs = janitor.orphaned_runs()
+    if not runs:
+        print("rayproof: nothing left behind by earlier runs")
+        return 0
+    for run_id in runs:
+        removed = janitor.clean_run(run_id)
+        print(f"rayproof: run {run_id}: removed {', '.join(removed)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Print benchmark figures (not pass/fail) with the machine they ran on."""
+    import importlib
+
+    return int(importlib.import_module(f"benchmarks.{args.name}").main())
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from rayproof import __version__
+
+    print(f"rayproof {__version__}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rayproof")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("version")
+    parser = argparse.ArgumentParser(prog="rayproof", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("certify", help=cmd_certify.__doc__)
+    p.add_argument("--out", help="report directory (default: out/certification-<UTC time>)")
+    p.add_argument("-k", help="only clauses matching this pytest -k expression")
+    p.set_defaults(func=cmd_certify)
+
+    p = sub.add_parser("test", help=cmd_test.__doc__)
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
+    p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser("report", help=cmd_report.__doc__)
+    p.add_argument("results", help="results.json written by a certification run")
+    p.add_argument("--out", help="where to write certification.{md,json} (default: beside results.json)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("clean", help=cmd_clean.__doc__)
+    p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("bench", help=cmd_bench.__doc__)
+    p.add_argument("name", choices=["training"], help="which benchmark")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=cmd_version)
+
     args = parser.parse_args(argv)
-    if args.command == "version":
-        from rayproof import __version__
-        print(__version__)
-    return 0
+    return args.func(args)

@@ -139,6 +139,7 @@ def train_loop_per_worker(cfg: dict) -> None:
     start_step = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
+        restoring = time.monotonic()
         with checkpoint.as_directory() as path:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
@@ -147,7 +148,8 @@ def train_loop_per_worker(cfg: dict) -> None:
             with open(os.path.join(path, "train_state.json")) as fh:
                 start_step = json.load(fh)["step"]
         if lead:
-            emit("checkpoint_restored", step=start_step, path=checkpoint.path, world_size=world)
+            emit("checkpoint_restored", step=start_step, path=checkpoint.path, world_size=world,
+                 seconds=round(time.monotonic() - restoring, 3))
     if lead:
         emit("worker_group_started", world_size=world, resume_step=start_step,
              backend=dist.get_backend(), device=device.type)

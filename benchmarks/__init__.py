@@ -1,0 +1,1 @@
+"""Benchmarks: they print figures and the machine they ran on; they assert nothing about time."""

@@ -1,0 +1,1 @@
+"""Reports made from recorded results: JUnit and Allure (written by pytest) and the certification summary."""

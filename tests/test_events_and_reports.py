@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import json
+
+from fixtures.events import EventLog, parse_events
+from reports import summary
+from workloads.fsdp_train import failure_reason
+
+
+def test_events_found_behind_ray_prefixes_and_deduplicated(tmp_path):
+    text = "\n".join([
+        "INFO something else",
+        '\x1b[36m(RayTrainWorker pid=1, ip=198.18.0.11)\x1b[0m RAYPROOF_EVENT {"event": "step", "step": 1, "ts": 1.0}',
+        '\x1b[36m(RayTrainWorker pid=1, ip=198.18.0.11)\x1b[0m RAYPROOF_EVENT {"event": "step", "step": 1, "ts": 1.0}',
+        'RAYPROOF_EVENT {"event": "finish", "step": 2, "ts": 2.0}',
+        'RAYPROOF_EVENT {"event": "step", "st',  # cut by a crash
+    ])
+    assert [e["event"] for e in parse_events(text)] == ["step", "finish"]
+    path = tmp_path / "run.log"
+    path.write_text(text)
+    assert EventLog(path).last("finish")["step"] == 2
+
+
+def test_failure_reason_prefers_the_timeout_line():
+    try:
+        try:
+            raise RuntimeError("Gloo connectFullMesh failed\n[pair.cc:152] timed out connecting: SO_ERROR")
+        except RuntimeError as inner:
+            raise ValueError("Training failed due to worker errors") from inner
+    except ValueError as exc:
+        reason = failure_reason(exc)
+    assert "timed out connecting" in reason
+    assert "\n" not in reason
+
+
+def _results(*rows):
+    return {"started": 100.0, "finished": 160.0, "host": "h", "results": list(rows)}
+
+
+def test_summary_fails_certification_on_any_failed_or_errored_clause(tmp_path):
+    rows = [
+        {"nodeid": "a", "clause": "X-1", "must": "X MUST", "outcome": "passed", "phase": "call", "duration_s": 1,
+         "evidence": {"s": 1}, "message": ""},
+        {"nodeid": "a", "clause": "X-1", "must": "X MUST", "outcome": "error", "phase": "teardown", "duration_s": 1,
+         "evidence": {}, "message": "cleanup failed"},
+        {"nodeid": "b", "clause": "Y-1", "must": "Y MUST", "outcome": "not_applicable", "phase": "call",
+         "duration_s": 0, "evidence": {}, "message": "not applicable: no policy engine"},
+    ]
+    built = summary.build(_results(*rows), {"platform": "test"})
+    by_id = {c["id"]: c for c in built["clauses"]}
+    assert by_id["X-1"]["outcome"] == summary.ERROR and by_id["X-1"]["message"] == "cleanup failed"
+    assert by_id["Y-1"]["outcome"] == summary.NOT_APPLICABLE
+    assert built["verdict"] == "NOT CERTIFIED"
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(_results(rows[0], rows[2])))
+    written = summary.write(results, {"platform": "test"}, tmp_path)
+    assert written["verdict"] == "CERTIFIED"
+    md = (tmp_path / "certification.md").read_text()
+    assert "| X-1 | pass |" in md and "not applicable" in md
+
+
+def test_summary_with_no_clauses_is_not_certified():
+    assert summary.build(_results(), {})["verdict"] == "NOT CERTIFIED"
