@@ -228,7 +228,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"))
+    p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                   help="cluster to join; 'local' starts a single-node Ray here")
     args = p.parse_args(argv)
     if args.world_size < 1 or args.steps < 1 or args.checkpoint_every < 1:
         p.error("--world-size, --steps and --checkpoint-every must be positive")

@@ -1,0 +1,3 @@
+"""The project's own tests use pytester to run small suites in isolation."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,63 @@
+"""The load generator against a real HTTP server on loopback that fails on purpose for a while."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from workloads import load_gen
+
+
+class FlakyHandler(BaseHTTPRequestHandler):
+    failing = threading.Event()
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, body = (503, b"down") if self.failing.is_set() else (200, json.dumps({"class": 1}).encode())
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    """Function scope; an HTTP server on 127.0.0.1, shut down at teardown."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/"
+    srv.shutdown()
+    srv.server_close()
+    FlakyHandler.failing.clear()
+
+
+def test_counts_every_request_and_reports_availability(server, capsys):
+    timer = threading.Timer(1.0, FlakyHandler.failing.set)
+    timer.start()
+    summary = load_gen.run([server], rate=20, duration=2, concurrency=4, timeout_s=1)
+    timer.cancel()
+    assert summary["sent"] == 40
+    assert summary["ok"] + summary["failed"] == 40
+    assert 10 <= summary["ok"] <= 30, summary  # about the first second succeeded
+    assert summary["availability"] == pytest.approx(summary["ok"] / 40)
+    assert "HTTP Error 503" in " ".join(summary["errors"])
+    lines = [json.loads(l.split(" ", 1)[1]) for l in capsys.readouterr().out.splitlines() if l.startswith("RAYPROOF")]
+    per_second = [l for l in lines if l["event"] == "second"]
+    assert [s["second"] for s in per_second] == [0, 1]
+    assert sum(s["ok"] + s["fail"] for s in per_second) == 40
+
+
+def test_unreachable_target_fails_fast_and_is_bounded():
+    summary = load_gen.run(["http://127.0.0.1:9/"], rate=10, duration=1, concurrency=2, timeout_s=0.5)
+    assert summary["ok"] == 0 and summary["failed"] == 10 and summary["availability"] == 0
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(SystemExit):
+        load_gen.main(["--target", "http://x/", "--rate", "0"])

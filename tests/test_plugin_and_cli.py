@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+
+from rayproof import cli
+
+CLAUSE_OK = '''
+import pytest
+
+@pytest.mark.clause("T-1")
+def test_ok(evidence):
+    """The thing MUST work."""
+    evidence.record("figure", 3)
+
+@pytest.mark.clause("T-2")
+def test_na():
+    """The other thing MUST hold where it applies."""
+    pytest.skip("not applicable: the cluster has no policy engine")
+'''
+
+
+def _suite(pytester, body: str):
+    pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
+    pytester.mkdir("conformance")
+    pytester.path.joinpath("conformance", "test_x.py").write_text(body)
+
+
+def test_results_carry_clause_must_evidence_and_not_applicable(pytester):
+    _suite(pytester, CLAUSE_OK)
+    out = pytester.path / "results.json"
+    result = pytester.runpytest("conformance", f"--rayproof-results={out}")
+    result.assert_outcomes(passed=1, skipped=1)
+    rows = {r["clause"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["T-1"]["outcome"] == "passed" and rows["T-1"]["evidence"] == {"figure": 3}
+    assert rows["T-1"]["must"] == "The thing MUST work."
+    assert rows["T-2"]["outcome"] == "not_applicable"
+
+
+def test_conformance_test_without_clause_or_must_is_refused(pytester):
+    _suite(pytester, 'import pytest\n\ndef test_bare():\n    pass\n\n'
+                     '@pytest.mark.clause("T-3")\ndef test_no_must():\n    """Says nothing binding."""\n')
+    result = pytester.runpytest("conformance")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*conformance test without @pytest.mark.clause(ID)*",
+                                 "*clause T-3 has no MUST in its docstring*"])
+
+
+def test_report_command_rebuilds_summary_without_a_cluster(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"started": 1, "finished": 2, "host": "h", "results": [
+        {"nodeid": "n", "clause": "T-1", "must": "MUST", "outcome": "passed", "phase": "call",
+         "duration_s": 1, "evidence": {}, "message": ""}]}))
+    assert cli.main(["report", str(results)]) == 0
+    assert json.loads((tmp_path / "certification.json").read_text())["verdict"] == "CERTIFIED"
+
+
+def test_report_command_on_missing_file_says_what_to_pass(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path / "nope.json")]) == 2
+    assert "pass the results.json of a certification run" in capsys.readouterr().err
