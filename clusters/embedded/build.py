@@ -28,6 +28,12 @@ linked to a temporary name and renamed into ``bin/<key>.partial``, the
 ``.complete`` marker is written last, and the directory is then renamed into
 place. A second call finds the marker and runs no build at all.
 
+Go's own caches (``go env GOMODCACHE``, ``GOCACHE``) are used as they are: a
+rebuild under a new key (e.g. after a comment edit in versions.toml) mostly
+re-links. Measured on 2 cores: cold build about 32 minutes (kube-apiserver
+11, kueue 12, kube-controller-manager 4, kuberay 4, etcd 1.5), warm call
+about 0.02 s.
+
 Run ``python -m clusters.embedded.build`` to build (or find) everything and
 print the paths.
 """
@@ -73,8 +79,7 @@ MARKER = ".complete"
 MANIFESTS_RECIPE = "2"
 PROGRESS_INTERVAL_S = 30.0
 
-# Where each binary's main package lives, by component.
-_ETCD_MAIN_PKG = "rayproof.local/embedded/etcd"
+# Where the main package lives inside each operator's module.
 _KUBERAY_MAIN = ""  # module root is the main package
 _KUEUE_MAIN = "/cmd/kueue"
 
