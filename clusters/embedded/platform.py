@@ -1,0 +1,368 @@
+"""The embedded platform: control plane + KubeRay + Kueue, brought up and
+torn down as one thing.
+
+:class:`EmbeddedPlatform` is what the CLI and the pytest fixtures use. All it
+knows lives in its run directory (default ``<cache>/platform/<name>/``):
+``state.json`` (phase, ports, versions, profile), ``pids/`` and ``logs/``
+(one per process), ``pki/`` and the kubeconfigs. So:
+
+* :meth:`~EmbeddedPlatform.up` is idempotent: a healthy running platform
+  with the same profile and binaries is reused as it is; anything else left
+  in the run directory (a crashed or killed ``up``, a different profile) is
+  torn down first.
+* :meth:`~EmbeddedPlatform.down` works from any process, also after the
+  process that ran ``up`` was SIGKILLed: it stops every process recorded in
+  ``pids/`` (verifying each PID first) and removes the run directory.
+* ``up`` and ``down`` on one run directory are serialised with an advisory
+  lock on its parent directory (a lock file inside would die with the
+  directory it protects).
+
+Node agents plug in through :meth:`~EmbeddedPlatform.start_process` and
+:meth:`~EmbeddedPlatform.issue_node_certs`; see NOTES.md.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import importlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from clusters.embedded import build
+from clusters.embedded import pki as pki_mod
+from clusters.embedded.addons import ADDON_PROCESSES, Addons
+from clusters.embedded.controlplane import (
+    PROCESS_ORDER,
+    ControlPlane,
+    ProcRecord,
+    StateFile,
+    Supervisor,
+    listening_ports,
+)
+from clusters.embedded.profile import Profile, load_profile
+from fixtures.waiting import WaitTimeout
+
+DEFAULT_NAME = "default"
+STATE_VERSION = 1
+# The same rule as the pod network's (podnet/network.py): the name prefixes
+# network namespaces and interface names, which are short.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+Progress = Callable[[str], None]
+
+
+def platform_root() -> Path:
+    """``<cache>/platform``: where named platforms keep their run directories."""
+    return build.cache_root() / "platform"
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+class EmbeddedPlatform:
+    """One embedded Kubernetes platform, identified by its run directory."""
+
+    def __init__(
+        self,
+        name: str = DEFAULT_NAME,
+        *,
+        run_dir: Path | str | None = None,
+        profile: Profile | Mapping[str, Any] | str | Path | None = None,
+        binaries: Mapping[str, Path] | None = None,
+        progress: Progress = _quiet,
+    ):
+        if not NAME_RE.match(name):
+            raise ValueError(f"platform name {name!r} must be 1-40 lowercase letters, digits or '-', "
+                             "starting with a letter or digit")
+        self.name = name
+        self.run_dir = Path(run_dir) if run_dir is not None else platform_root() / name
+        self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
+        self._binaries = dict(binaries) if binaries else None
+        self.progress = progress
+        self.state = StateFile(self.run_dir)
+        self.supervisor = Supervisor(self.run_dir)
+
+    # -- what other code uses -------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        """Admin kubeconfig (system:masters), certificates embedded."""
+        return self.run_dir / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        """The cluster CA every component and node agent trusts."""
+        return self.run_dir / "pki" / "ca.crt"
+
+    @property
+    def api_server_url(self) -> str:
+        return str(self.state.read()["api_server"])
+
+    @property
+    def pki(self) -> pki_mod.ClusterPKI:
+        """The control plane's PKI (loads what ``up`` created)."""
+        if not self.ca_file.is_file():
+            raise RuntimeError(f"platform {self.name} has no PKI in {self.run_dir}; run up() first")
+        return pki_mod.ensure_pki(self.run_dir / "pki")
+
+    def issue_node_certs(self, node_name: str, ip_addresses: Sequence[str] = ()) -> pki_mod.NodeCerts:
+        """Serving and client certificates for a node agent (``system:node:<name>``)."""
+        return self.pki.issue_node(node_name, ip_addresses)
+
+    def start_process(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        exec_argvs: Sequence[Sequence[str]] = (),
+    ) -> ProcRecord:
+        """Start a process that belongs to the platform (e.g. a node agent):
+        own session, ``logs/<name>.log``, ``pids/<name>.json``; :meth:`down`
+        stops it (it was started last, so it is stopped first)."""
+        return self.supervisor.start(name, argv, env=env, exec_argvs=exec_argvs)
+
+    def register_cleanup(self, function: str, **kwargs: Any) -> None:
+        """Have :meth:`down` call ``function`` (``"package.module:name"``) with
+        ``kwargs`` after every process is stopped and before the run directory
+        is removed, also from another process or after a crash.
+
+        For what the platform makes outside its processes and run directory
+        (network namespaces, iptables rules). ``kwargs`` must be JSON; the
+        function must be idempotent (down may be repeated). Called last
+        registered first.
+        """
+        json.dumps(kwargs)
+        if self.state.read().get("phase") not in ("starting", "running"):
+            raise RuntimeError(f"platform {self.name} is not up; register cleanups after up()")
+        if ":" not in function:
+            raise ValueError(f"cleanup {function!r} must be 'package.module:function'")
+        cleanups = list(self.state.read().get("cleanups", []))
+        entry = {"function": function, "kwargs": kwargs}
+        if entry not in cleanups:
+            self.state.update(cleanups=[*cleanups, entry])
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for the admin kubeconfig."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def binaries(self) -> dict[str, Path]:
+        """Paths of the pinned upstream programs (builds once if needed)."""
+        if self._binaries is None:
+            self._binaries = build.ensure_built(self.progress)
+        return self._binaries
+
+    def control_plane(self) -> ControlPlane:
+        return ControlPlane(self.run_dir, self.profile, self._binaries or {},
+                            supervisor=self.supervisor, state=self.state)
+
+    def addons(self) -> Addons:
+        return Addons(self.control_plane(), self._binaries or {})
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        parent = self.run_dir.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.progress(f"waiting for another up/down in {parent} ...")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def up(self) -> "EmbeddedPlatform":
+        """Bring the platform up, or reuse it if it is already up and healthy.
+
+        On failure every started process is stopped, the run directory (with
+        the logs) is kept for diagnosis with phase ``failed``, and the error
+        is raised; the next ``up`` or ``down`` clears it.
+        """
+        with self._locked():
+            binaries = self.binaries()
+            reason = self._reuse_blocker(binaries)
+            if reason is None:
+                self.progress(f"platform {self.name} is already up: {self.run_dir}")
+                return self
+            if self.run_dir.exists():
+                self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
+                self._teardown()
+            self.run_dir.mkdir(parents=True)
+            os.chmod(self.run_dir, 0o700)
+            versions = build.pinned_versions()
+            self.state.update(
+                state_version=STATE_VERSION, name=self.name, phase="starting",
+                owner_pid=os.getpid(), started_at=time.time(),
+                profile=self.profile.as_dict(), profile_digest=self.profile.digest(),
+                bin_dir=str(Path(binaries["kube-apiserver"]).parent), versions=versions,
+            )
+            t0 = time.monotonic()
+            try:
+                self.progress(f"platform {self.name}: starting the control plane in {self.run_dir}")
+                cp = self.control_plane()
+                cp.start()
+                t_cp = time.monotonic() - t0
+                self.progress(f"platform {self.name}: control plane up in {t_cp:.1f}s; starting KubeRay and Kueue")
+                Addons(cp, binaries).start()
+            except BaseException as exc:
+                self.supervisor.stop_all()
+                self.state.update(phase="failed", error=f"{type(exc).__name__}: {exc}")
+                raise
+            total = time.monotonic() - t0
+            self.state.update(phase="running", ready_at=time.time(),
+                              timings={"control_plane_s": round(t_cp, 1), "total_s": round(total, 1)})
+            self.progress(f"platform {self.name}: up in {total:.1f}s; kubeconfig {self.kubeconfig}")
+            return self
+
+    def _reuse_blocker(self, binaries: Mapping[str, Path]) -> str | None:
+        """Why the platform in the run directory cannot be reused (None: it can)."""
+        st = self.state.read()
+        if not st:
+            return "no platform recorded"
+        if st.get("phase") != "running":
+            return f"a previous up ended in phase {st.get('phase')!r}"
+        if st.get("profile_digest") != self.profile.digest():
+            return "it runs with a different profile"
+        if st.get("bin_dir") != str(Path(binaries["kube-apiserver"]).parent):
+            return "it runs other binaries (versions.toml changed)"
+        bad = {k: v for k, v in self.health().items() if v != "ok"}
+        if bad:
+            return "it is unhealthy: " + "; ".join(f"{k}: {v}" for k, v in bad.items())
+        return None
+
+    def down(self) -> list[str]:
+        """Stop every process of the platform and remove its run directory.
+
+        Safe to repeat and to run from another process or after ``up`` was
+        killed. Returns what was done.
+        """
+        if not self.run_dir.parent.is_dir():
+            return []  # never made: do not create its parent just to lock it
+        with self._locked():
+            return self._teardown()
+
+    def _teardown(self) -> list[str]:
+        if not self.run_dir.exists():
+            return []
+        done = self.supervisor.stop_all()
+        failed = []
+        for entry in reversed(self.state.read().get("cleanups", [])):
+            module, _, attr = entry["function"].partition(":")
+            try:
+                getattr(importlib.import_module(module), attr)(**entry["kwargs"])
+                done.append(f"cleanup {entry['function']}")
+            except Exception as exc:  # noqa: BLE001 - reported together below
+                failed.append(f"{entry['function']}({entry['kwargs']}): {type(exc).__name__}: {exc}")
+        if failed:
+            # Keep the run directory: it holds what a repeated down() needs.
+            raise RuntimeError(f"platform {self.name}: cleanups failed, {self.run_dir} kept: " + "; ".join(failed))
+        if not (self.run_dir / "state.json").exists() and any(self.run_dir.iterdir()):
+            # Never delete a directory we cannot tell is ours.
+            raise RuntimeError(
+                f"{self.run_dir} has no state.json: not a platform run directory; "
+                "remove it yourself if it is a leftover"
+            )
+        shutil.rmtree(self.run_dir)
+        done.append(f"removed {self.run_dir}")
+        return done
+
+    def __enter__(self) -> "EmbeddedPlatform":
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # -- observation ---------------------------------------------------------
+
+    def health(self) -> dict[str, str]:
+        """``{component: "ok" | why not}`` for every platform process."""
+        if not self.state.path.exists():
+            return {name: "not running" for name in (*PROCESS_ORDER, *ADDON_PROCESSES)}
+        cp = self.control_plane()
+        out = cp.healthy()
+        out.update(Addons(cp, {}).healthy())
+        return out
+
+    def rss_bytes(self) -> dict[str, int]:
+        """Resident memory of each running platform process, by name."""
+        return self.supervisor.rss_bytes()
+
+    def status(self) -> dict[str, Any]:
+        """What ``rayproof platform status`` prints: phase, health, PIDs,
+        ports, paths, versions and memory. Starts and changes nothing."""
+        st = self.state.read()
+        if not st:
+            return {"name": self.name, "run_dir": str(self.run_dir), "phase": "absent", "healthy": False}
+        health = self.health()
+        procs = {}
+        for rec in self.supervisor.records():
+            procs[rec.name] = {"pid": rec.pid, "running": rec.identity_ok(), "log": rec.log,
+                               "health": health.get(rec.name, "n/a")}
+        rss = self.rss_bytes()
+        cp_rss = sum(v for k, v in rss.items() if k in PROCESS_ORDER)
+        return {
+            "name": self.name,
+            "run_dir": str(self.run_dir),
+            "phase": st.get("phase"),
+            "healthy": st.get("phase") == "running" and all(v == "ok" for v in health.values()),
+            "health": health,
+            "processes": procs,
+            "ports": st.get("ports", {}),
+            "api_server": st.get("api_server"),
+            "kubeconfig": str(self.kubeconfig),
+            "versions": st.get("versions", {}),
+            "profile_digest": st.get("profile_digest"),
+            "timings": st.get("timings", {}),
+            "rss_bytes": rss,
+            "control_plane_rss_bytes": cp_rss,
+            "error": st.get("error"),
+        }
+
+    def listening_ports(self) -> set[int]:
+        """TCP ports our processes listen on (for leak checks)."""
+        return listening_ports([r.pid for r in self.supervisor.records() if r.identity_ok()])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m clusters.embedded.platform up|down|status [--name N] [--profile F]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m clusters.embedded.platform",
+        description="Run the embedded Kubernetes platform (control plane, KubeRay, Kueue).")
+    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("--name", default=DEFAULT_NAME, help="platform name (default %(default)s)")
+    parser.add_argument("--run-dir", default=None, help="run directory (default <cache>/platform/<name>)")
+    parser.add_argument("--profile", default=None, help="profile YAML merged over clusters/embedded/profile.yaml")
+    args = parser.parse_args(argv)
+    log: Progress = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        p = EmbeddedPlatform(args.name, run_dir=args.run_dir, profile=args.profile, progress=log)
+        if args.command == "up":
+            p.up()
+            print(p.kubeconfig)
+        elif args.command == "down":
+            for line in p.down():
+                print(line)
+        else:
+            print(json.dumps(p.status(), indent=2, default=str))
+    except (RuntimeError, ValueError, WaitTimeout) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
