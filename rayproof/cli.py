@@ -106,6 +106,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(importlib.import_module(f"benchmarks.{args.name}").main())
 
 
+def cmd_platform(args: argparse.Namespace) -> int:
+    """Start, stop or describe the embedded Kubernetes platform."""
+    from clusters.embedded import platform
+
+    argv = [args.command, "--name", args.name]
+    if args.profile:
+        argv += ["--profile", args.profile]
+    return platform.main(argv)
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     from rayproof import __version__
 
@@ -137,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help=cmd_bench.__doc__)
     p.add_argument("name", choices=["training"], help="which benchmark")
     p.set_defaults(func=cmd_bench)
+
+    for name, text in (("up", "start the embedded Kubernetes platform (idempotent); prints the kubeconfig"),
+                       ("down", "stop the embedded platform and remove everything it made"),
+                       ("status", "show the embedded platform's processes and health")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--name", default="default", help="platform name (default: default)")
+        p.add_argument("--profile", help="platform profile YAML (default: clusters/embedded/profile.yaml)")
+        p.set_defaults(func=cmd_platform)
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)

@@ -458,6 +458,7 @@ class ControlPlane:
         supervisor: Supervisor | None = None,
         state: StateFile | None = None,
         advertise_address: str | None = None,
+        egress_selector_config_file: Path | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
@@ -465,6 +466,7 @@ class ControlPlane:
         self.supervisor = supervisor or Supervisor(self.run_dir)
         self.state = state or StateFile(self.run_dir)
         self.advertise_address = advertise_address
+        self.egress_selector_config_file = egress_selector_config_file
         self._pki: pki_mod.ClusterPKI | None = None
 
     # -- paths and addresses -------------------------------------------------
@@ -597,6 +599,11 @@ class ControlPlane:
             f"--default-unreachable-toleration-seconds={cp['unreachableTolerationSeconds']}",
             "--profiling=false",
         ]
+        if self.egress_selector_config_file:
+            # Pods and services sit behind the pod network's router namespace;
+            # the API server reaches them (service/pod proxy, node agents)
+            # through the pod network's CONNECT proxy.
+            argv.append(f"--egress-selector-config-file={self.egress_selector_config_file}")
         self.supervisor.start("kube-apiserver", argv, env=self._env())
 
     def _advertise_flags(self) -> list[str]:

@@ -47,7 +47,8 @@ from clusters.embedded.controlplane import (
     listening_ports,
 )
 from clusters.embedded.profile import Profile, load_profile
-from fixtures.waiting import WaitTimeout
+from fixtures import timeouts
+from fixtures.waiting import WaitTimeout, wait_for
 
 DEFAULT_NAME = "default"
 STATE_VERSION = 1
@@ -163,7 +164,50 @@ class EmbeddedPlatform:
 
     def control_plane(self) -> ControlPlane:
         return ControlPlane(self.run_dir, self.profile, self._binaries or {},
-                            supervisor=self.supervisor, state=self.state)
+                            supervisor=self.supervisor, state=self.state,
+                            egress_selector_config_file=self.run_dir / "egress-selector.yaml")
+
+    @property
+    def podnet_dir(self) -> Path:
+        return self.run_dir / "podnet"
+
+    def _start_node_agents(self) -> None:
+        """The node agent (kubelet + runtime for every node), then wait until all nodes are Ready."""
+        import yaml
+
+        state_dir = self.run_dir / "nodeagent"
+        profile_file = self.run_dir / "profile.yaml"
+        profile_file.write_text(yaml.safe_dump(self.profile.as_dict(), sort_keys=False))
+        # Registered after the pod network's teardown, so it runs before it:
+        # containers go before their namespaces.
+        self.register_cleanup("clusters.embedded.nodeagent.state:cleanup", state_dir=str(state_dir))
+        self.start_process("nodeagent", [sys.executable, "-m", "clusters.embedded.nodeagent", "run",
+                                         "--kubeconfig", str(self.kubeconfig), "--state-dir", str(state_dir),
+                                         "--profile", str(profile_file), "--pki-dir", str(self.run_dir / "pki"),
+                                         "--pod-network-dir", str(self.podnet_dir), "--platform", self.name],
+                           env=_python_env())
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api_client())
+        want = self.profile.node_count
+
+        def ready_nodes() -> list[str]:
+            return sorted(n.metadata.name for n in core.list_node().items
+                          if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []))
+
+        wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
+                 description=f"{want} Ready nodes of platform {self.name}")
+
+    def _start_pod_network(self) -> None:
+        """The pod network controller: routes, services, DNS, NetworkPolicy, and the API server's way in."""
+        self.register_cleanup("clusters.embedded.podnet.network:teardown", platform=self.name,
+                              state_dir=str(self.podnet_dir))
+        self.start_process("podnet", [sys.executable, "-m", "clusters.embedded.podnet", "run",
+                                      "--kubeconfig", str(self.kubeconfig), "--platform", self.name,
+                                      "--state-dir", str(self.podnet_dir)], env=_python_env())
+        ready = self.podnet_dir / "controller.ready"
+        wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
+                 description=f"pod network controller of platform {self.name} ({ready})")
 
     def addons(self) -> Addons:
         return Addons(self.control_plane(), self._binaries or {})
@@ -213,11 +257,17 @@ class EmbeddedPlatform:
             t0 = time.monotonic()
             try:
                 self.progress(f"platform {self.name}: starting the control plane in {self.run_dir}")
+                from clusters.embedded.podnet import cluster_proxy_socket, egress_selector_config
+
+                (self.run_dir / "egress-selector.yaml").write_text(
+                    egress_selector_config(cluster_proxy_socket(self.podnet_dir)))
                 cp = self.control_plane()
                 cp.start()
                 t_cp = time.monotonic() - t0
                 self.progress(f"platform {self.name}: control plane up in {t_cp:.1f}s; starting KubeRay and Kueue")
                 Addons(cp, binaries).start()
+                self._start_pod_network()
+                self._start_node_agents()
             except BaseException as exc:
                 self.supervisor.stop_all()
                 self.state.update(phase="failed", error=f"{type(exc).__name__}: {exc}")
@@ -337,6 +387,15 @@ class EmbeddedPlatform:
         return listening_ports([r.pid for r in self.supervisor.records() if r.identity_ok()])
 
 
+def _python_env() -> dict[str, str]:
+    """Environment for the platform's own Python processes: this checkout importable, no phoning home."""
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m clusters.embedded.platform up|down|status [--name N] [--profile F]``."""
     parser = argparse.ArgumentParser(
@@ -352,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = EmbeddedPlatform(args.name, run_dir=args.run_dir, profile=args.profile, progress=log)
         if args.command == "up":
             p.up()
-            print(p.kubeconfig)
+            print(f"kubeconfig: {p.kubeconfig}")
+            print(f"export KUBECONFIG={p.kubeconfig}")
         elif args.command == "down":
             for line in p.down():
                 print(line)

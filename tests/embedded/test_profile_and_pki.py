@@ -21,7 +21,7 @@ from clusters.embedded.profile import ProfileError, load_profile, parse_duration
 def test_default_profile_is_valid_and_documented_values_hold() -> None:
     p = load_profile()
     assert p.node_count == 4
-    assert p.node_shape == {"cpu": "2", "memory": "4Gi"}  # gpu 0 is not advertised
+    assert p.node_shape == {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "8"}
     wfpr = p.kueue["waitForPodsReady"]
     assert parse_duration(wfpr["timeout"]) == 120
     assert set(p.kueue["integrations"]) >= {"ray.io/rayjob", "ray.io/raycluster", "batch/job"}
