@@ -225,7 +225,7 @@ def test_network_policy_drops_one_port_and_leaves_another_open(api, namespace: s
     server, probe = f"np-server-{RUN}", f"np-probe-{RUN}"
     core.create_namespaced_pod(namespace, {"metadata": {"name": server, "labels": {**LABELS, "role": "server"}},
                                            "spec": {"containers": [{"name": "srv", "image": "python:3.11",
-                                                                    "command": ["python", "-c", SERVE_TWO_PORTS]}]}})
+                                                                    "command": ["python3", "-c", SERVE_TWO_PORTS]}]}})
     net.create_namespaced_network_policy(namespace, {
         "metadata": {"name": f"deny-7000-{RUN}", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": {"role": "server"}}, "policyTypes": ["Ingress"],
@@ -235,11 +235,13 @@ def test_network_policy_drops_one_port_and_leaves_another_open(api, namespace: s
                       and bool(s.pod_ip), timeout=timeouts.POD_START, description=f"pod {server} running").pod_ip
         core.create_namespaced_pod(namespace, {"metadata": {"name": probe, "labels": LABELS}, "spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "probe", "image": "python:3.11", "command": ["python", "-c", PROBE, ip]}]}})
-        wait_for(lambda: core.read_namespaced_pod(probe, namespace).status.phase, lambda p: p == "Succeeded",
-                 timeout=timeouts.POD_START, description=f"probe pod {probe} to finish")
+            "containers": [{"name": "probe", "image": "python:3.11", "command": ["python3", "-c", PROBE, ip]}]}})
+        phase = wait_for(lambda: core.read_namespaced_pod(probe, namespace).status.phase,
+                         lambda p: p in ("Succeeded", "Failed"), timeout=timeouts.POD_START,
+                         description=f"probe pod {probe} to finish")
         logs = core.read_namespaced_pod_log(probe, namespace)
         evidence.record("probe_output", logs.strip().splitlines())
+        assert phase == "Succeeded", f"probe pod {probe} ended {phase}:\n{logs}"
         assert "RAYPROOF_PORT 7000 blocked" in logs, f"port 7000 was not blocked by the policy:\n{logs}"
         assert "RAYPROOF_PORT 7001 open" in logs, f"port 7001 should stay open:\n{logs}"
     finally:
