@@ -341,10 +341,12 @@ class EmbeddedPlatform:
     def health(self) -> dict[str, str]:
         """``{component: "ok" | why not}`` for every platform process."""
         if not self.state.path.exists():
-            return {name: "not running" for name in (*PROCESS_ORDER, *ADDON_PROCESSES)}
+            return {name: "not running" for name in (*PROCESS_ORDER, *ADDON_PROCESSES, *NODE_LAYER_PROCESSES)}
         cp = self.control_plane()
         out = cp.healthy()
         out.update(Addons(cp, {}).healthy())
+        for name in NODE_LAYER_PROCESSES:
+            out[name] = "ok" if self.supervisor.running(name) else "not running"
         return out
 
     def rss_bytes(self) -> dict[str, int]:
@@ -385,6 +387,10 @@ class EmbeddedPlatform:
     def listening_ports(self) -> set[int]:
         """TCP ports our processes listen on (for leak checks)."""
         return listening_ports([r.pid for r in self.supervisor.records() if r.identity_ok()])
+
+
+# The pod network controller and the node agent, started after the addons.
+NODE_LAYER_PROCESSES = ("podnet", "nodeagent")
 
 
 def _python_env() -> dict[str, str]:

@@ -302,6 +302,22 @@ def test_init_container_env_configmap_volume_and_logs_through_the_api(env: Env, 
     assert tail == want[-2:], tail
 
 
+def test_logs_follow_streams_until_the_container_exits(env: Env, ns: str) -> None:
+    env.core.create_namespaced_pod(ns, _pod(env, "talker", [{
+        "name": "c", "image": "busybox",
+        "command": ["sh", "-c", "for i in 1 2 3 4 5 6; do echo line-$i; sleep 0.5; done"]}], restartPolicy="Never"))
+    _wait_pod(env, ns, "talker", lambda p: "running" in (_container(p, "c").get("state") or {})
+              or p["status"].get("phase") == "Succeeded", "started")
+    t0 = time.monotonic()
+    resp = env.core.read_namespaced_pod_log("talker", ns, follow=True, _preload_content=False,
+                                            _request_timeout=timeouts.PROCESS_EXIT.seconds)
+    text = resp.data.decode()  # returns when the node ends the stream: the container exited
+    assert text.split() == [f"line-{i}" for i in range(1, 7)], text
+    assert time.monotonic() - t0 < timeouts.PROCESS_EXIT.seconds
+    p = _wait_pod(env, ns, "talker", lambda p: p["status"].get("phase") == "Succeeded", "Succeeded")
+    assert _condition(p, "Ready") == "False"
+
+
 def test_memory_limit_exceeded_is_oomkilled_137_and_restarted(env: Env, ns: str) -> None:
     hog = "import time\nprint('hog starting', flush=True)\nb = []\nwhile True:\n    b.append(bytearray(8 << 20))\n    time.sleep(0.02)\n"
     env.core.create_namespaced_pod(ns, _pod(env, "hog", [{
