@@ -26,7 +26,8 @@ from kubernetes.client.exceptions import ApiException
 from clusters.embedded import build
 from clusters.embedded.controlplane import PROCESS_ORDER, listening_ports
 from clusters.embedded.addons import ADDON_PROCESSES
-from clusters.embedded.platform import EmbeddedPlatform
+from fixtures.netns import list_namespaces
+from clusters.embedded.platform import NODE_LAYER_PROCESSES, EmbeddedPlatform
 from fixtures import timeouts
 from fixtures.waiting import wait_for
 
@@ -75,8 +76,9 @@ def _crd_conditions(api: Any) -> dict[str, dict[str, str]]:
 
 
 def test_warm_up_time_and_memory(started: Started, evidence: Any) -> None:
-    """Reports how long a warm ``up`` took (binaries cached) until KubeRay and
-    Kueue were ready, and the resident memory of the control plane."""
+    """Reports how long a warm ``up`` took (binaries cached) until KubeRay,
+    Kueue, the pod network and the nodes were ready, and the resident memory
+    of the control plane and of the whole platform."""
     rss = started.platform.rss_bytes()
     cp_rss = sum(v for k, v in rss.items() if k in PROCESS_ORDER)
     all_rss = sum(rss.values())
@@ -84,10 +86,10 @@ def test_warm_up_time_and_memory(started: Started, evidence: Any) -> None:
     evidence.record("control_plane_rss_mib", round(cp_rss / 2**20))
     evidence.record("platform_rss_mib", round(all_rss / 2**20))
     evidence.record("rss_mib_by_process", {k: round(v / 2**20) for k, v in rss.items()})
-    print(f"\nwarm up (control plane + KubeRay + Kueue ready): {started.up_s:.1f}s; "
+    print(f"\nwarm up (control plane, KubeRay, Kueue, pod network, nodes ready): {started.up_s:.1f}s; "
           f"control plane RSS {cp_rss / 2**20:.0f} MiB, with operators {all_rss / 2**20:.0f} MiB: "
           + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in rss.items()))
-    assert set(rss) == {*PROCESS_ORDER, *ADDON_PROCESSES}, f"running processes: {sorted(rss)}"
+    assert set(rss) == {*PROCESS_ORDER, *ADDON_PROCESSES, *NODE_LAYER_PROCESSES}, f"running processes: {sorted(rss)}"
 
 
 def test_api_server_reports_the_pinned_version(started: Started) -> None:
@@ -240,5 +242,7 @@ def test_down_leaves_no_process_port_or_directory(started: Started, tmp_path: Pa
     assert not still, f"ports still listening after down(): {sorted(still)}"
     assert not run_dir.exists(), f"{run_dir} still exists: {sorted(str(x) for x in run_dir.rglob('*'))[:20]}"
     assert not outside.exists(), f"registered cleanup did not remove {outside}"
+    left_ns = list_namespaces(f"rayproof-{p.name}-")
+    assert not left_ns, f"network namespaces of platform {p.name} left after down(): {left_ns}"
     assert p.down() == []
     assert p.status()["phase"] == "absent"
