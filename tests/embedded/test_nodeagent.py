@@ -106,9 +106,9 @@ def test_phase_table(policy: str, state: dict[str, Any], last: dict[str, Any] | 
 # ---------------------------------------------------------------------------
 
 
-def _root_or_skip() -> None:
+def _require_root() -> None:
     if os.geteuid() != 0:
-        pytest.skip("the node agent needs root (network namespaces, memory cgroups, mounts)")
+        pytest.fail("the node agent needs root (network namespaces, memory cgroups, mounts): run as root")
 
 
 class Env:
@@ -128,7 +128,7 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     """Module scope: an embedded platform, a pod network and a node agent with
     3 nodes (2 GPUs each); agent stopped, network closed, platform downed at teardown."""
-    _root_or_skip()
+    _require_root()
     from clusters.embedded import build
     from clusters.embedded.platform import EmbeddedPlatform
     from clusters.embedded.podnet import PodNetwork
@@ -319,7 +319,7 @@ def test_logs_follow_streams_until_the_container_exits(env: Env, ns: str) -> Non
 
 
 def test_memory_limit_exceeded_is_oomkilled_137_and_restarted(env: Env, ns: str) -> None:
-    hog = "import time\nprint('hog starting', flush=True)\nb = []\nwhile True:\n    b.append(bytearray(8 << 20))\n    time.sleep(0.02)\n"
+    hog = "import time\nprint('hog starting', flush=True)\nb = []\nwhile True:\n    b.append(bytearray(8 << 20))\n    time.sleep(0.02)\n"  # sleep-ok: the hog container's own allocation pace, not test synchronisation
     env.core.create_namespaced_pod(ns, _pod(env, "hog", [{
         "name": "hog", "image": "python:3.11", "command": ["python3", "-c", hog],
         "resources": {"limits": {"memory": "64Mi"}},

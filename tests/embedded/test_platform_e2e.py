@@ -173,7 +173,7 @@ def test_kueue_keeps_second_gang_suspended_until_quota_frees(api, namespace: str
         "apiVersion": f"{kueue}/v1beta2", "kind": "LocalQueue", "metadata": {"name": lq, "labels": LABELS},
         "spec": {"clusterQueue": cq}})
     try:
-        hold = "python -c \"import ray, time; ray.init(); time.sleep(25); print('RAYPROOF_DONE')\""
+        hold = "python -c \"import ray, time; ray.init(); time.sleep(25); print('RAYPROOF_DONE')\""  # sleep-ok: the job's own run time, holding its gang
         first, second = f"gang-a-{RUN}", f"gang-b-{RUN}"
         for name in (first, second):  # each asks for 2 workers x 8 GPUs = the whole quota
             objs.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs",

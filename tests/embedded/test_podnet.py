@@ -276,11 +276,11 @@ def test_cluster_state_counts_only_real_changes():
 
 # --- real namespaces ----------------------------------------------------------------------
 
-def _root_or_skip() -> None:
+def _require_root() -> None:
     try:
         check_available()
     except Exception as exc:  # noqa: BLE001 - the message says what to do
-        pytest.skip(str(exc))
+        pytest.fail(f"the pod network cannot run here: {exc}")
 
 
 class Listener:
@@ -330,7 +330,7 @@ def connect(src: PodAttachment, ip: str, port: int) -> str:
 @pytest.fixture
 def podnet(tmp_path) -> Iterator[PodNetworkController]:
     """Function scope; a controller (no API server, fed by hand) with its own router namespace; closed at teardown."""
-    _root_or_skip()
+    _require_root()
     ctl = PodNetworkController(None, f"t{uuid.uuid4().hex[:8]}", state_dir=tmp_path / "podnet")
     ctl.start()
     try:
@@ -527,7 +527,7 @@ def test_policy_effect_on_an_already_open_connection(podnet, two_pods, recheck):
 
 
 def test_close_leaves_no_namespace_chain_or_process(tmp_path):
-    _root_or_skip()
+    _require_root()
     ctl = PodNetworkController(None, f"t{uuid.uuid4().hex[:8]}", state_dir=tmp_path / "podnet").start()
     net = ctl.network
     threads_before = set(threading.enumerate())
@@ -638,7 +638,7 @@ def _svc(name: str, ip: str, rv: str) -> dict:
 
 
 def test_controller_lists_watches_and_relists_after_410(scripted_api):
-    _root_or_skip()
+    _require_root()
     api, kubeconfig = scripted_api
     api.lists["/api/v1/services"] = [{"items": [_svc("web", "198.19.0.20", "3")], "metadata": {"resourceVersion": "3"}}]
     api.watches["/api/v1/services"] = [[{"type": "ADDED", "object": _svc("api", "198.19.0.21", "4")},
@@ -670,7 +670,7 @@ def test_controller_lists_watches_and_relists_after_410(scripted_api):
 
 def test_controller_process_serves_until_sigterm_and_teardown_removes_all(scripted_api):
     """How the platform runs it: a supervised process, then a registered cleanup."""
-    _root_or_skip()
+    _require_root()
     api, kubeconfig = scripted_api
     platform, state_dir = f"t{uuid.uuid4().hex[:8]}", kubeconfig.parent / "podnet"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
