@@ -1,1 +1,49 @@
-"""Cluster back-ends for rayproof."""
+"""Platforms the suite certifies, behind one interface.
+
+* :class:`clusters.embedded.target.EmbeddedTarget` -- the embedded platform
+  (``clusters/embedded``), brought up on this machine (the default).
+* :class:`clusters.existing.ExistingCluster` -- any cluster reached by a
+  kubeconfig (``--kubeconfig``).
+
+Clauses see only :class:`Target`: a kubeconfig, an API client, a description
+for the report, and ``close()``. They never ask which kind they run on; every
+fault acts through the Kubernetes API.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+Progress = Callable[[str], None]
+
+
+class Target(Protocol):
+    """A cluster under certification."""
+
+    #: "embedded" or "existing" (for the report only).
+    kind: str
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` with the certifying identity."""
+
+    def describe(self) -> dict[str, Any]:
+        """Server, versions (Kubernetes, KubeRay, Kueue), node count and shape, for the report."""
+
+    def close(self) -> None:
+        """Leave the cluster as it was found (the embedded one is taken down
+        only when this process brought it up)."""
+
+
+def open_target(kubeconfig: str | Path | None = None, *, context: str | None = None,
+                platform_name: str | None = None, progress: Progress = lambda m: None) -> Target:
+    """The cluster named by ``kubeconfig``, or the embedded platform when it is None."""
+    if kubeconfig is not None:
+        from clusters.existing import ExistingCluster
+
+        return ExistingCluster(kubeconfig, context=context)
+    from clusters.embedded.target import EmbeddedTarget
+
+    return EmbeddedTarget.start(name=platform_name, progress=progress)

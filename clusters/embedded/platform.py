@@ -51,6 +51,7 @@ from fixtures import timeouts
 from fixtures.waiting import WaitTimeout, wait_for
 
 DEFAULT_NAME = "default"
+BASELINE = Path(__file__).resolve().parent / "baseline.yaml"
 STATE_VERSION = 1
 # The same rule as the pod network's (podnet/network.py): the name prefixes
 # network namespaces and interface names, which are short.
@@ -209,6 +210,21 @@ class EmbeddedPlatform:
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
                  description=f"pod network controller of platform {self.name} ({ready})")
 
+    def _apply_baseline(self) -> None:
+        """The Kueue objects an operator sets up for teams (``baseline.yaml``): flavor, priority classes."""
+        import yaml
+        from kubernetes import client
+
+        objs = client.CustomObjectsApi(self.api_client())
+        for doc in yaml.safe_load_all(BASELINE.read_text()):
+            group, version = doc["apiVersion"].split("/")
+            plural = doc["kind"].lower() + "es" if doc["kind"].endswith("s") else doc["kind"].lower() + "s"
+            try:
+                objs.create_cluster_custom_object(group, version, plural, doc)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+
     def addons(self) -> Addons:
         return Addons(self.control_plane(), self._binaries or {})
 
@@ -268,6 +284,7 @@ class EmbeddedPlatform:
                 Addons(cp, binaries).start()
                 self._start_pod_network()
                 self._start_node_agents()
+                self._apply_baseline()
             except BaseException as exc:
                 self.supervisor.stop_all()
                 self.state.update(phase="failed", error=f"{type(exc).__name__}: {exc}")

@@ -45,6 +45,10 @@ FALLBACK_LOG_BYTES = 2048
 MINIMUM_GRACE_S = 2
 
 
+# How often a container's v1 memory cgroup is checked for an OOM kill.
+OOM_WATCH_INTERVAL_S = 0.25
+
+
 def now_rfc3339() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -170,6 +174,21 @@ class ContainerInstance:
         self.record.start_ticks = st.proc_start_ticks(self.popen.pid)
         self.record.save(self.runtime.state_dir)
         threading.Thread(target=self._reap, name=f"reap-{self.name}-{self.restart}", daemon=True).start()
+        if spec.memory_limit and not self.cgroup.kill_group_on_oom():
+            threading.Thread(target=self._oom_group, name=f"oom-{self.name}-{self.restart}", daemon=True).start()
+
+    def _oom_group(self) -> None:
+        """``memory.oom.group`` on cgroup v1: once the kernel OOM-kills any
+        process of the container, kill the rest, so the container ends
+        ``OOMKilled`` as under kubelet >= 1.28 on cgroup v2 (instead of living on
+        without the killed process)."""
+        assert self.cgroup is not None
+        # Event.wait is the poll interval; the container's exit ends the watch.
+        while not self.exited.wait(OOM_WATCH_INTERVAL_S):
+            with contextlib.suppress(OSError, ValueError):
+                if self.cgroup.oom_kills() > 0:
+                    self.kill_all(signal.SIGKILL)
+                    return
 
     def _reap(self) -> None:
         """Wait for the main process (blocking waitpid: an event, not a poll),

@@ -1,0 +1,77 @@
+"""RayJob actions and probes the experiments share: submit one, wait for a state.
+
+Waits go through :func:`fixtures.waiting.wait_for` with ``within_s`` as a
+named bound, and return what was last observed with the elapsed time, so the
+experiment journal records the outcome either way.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from chaos import _kube
+from fixtures.timeouts import Tier
+from fixtures.waiting import WaitTimeout, wait_for
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+
+# What each named state means on a RayJob's status (and its Kueue Workload).
+STATES = {
+    "finished": lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+    "running": lambda s: s.get("jobStatus") == "RUNNING",
+    "retrying_or_finished": lambda s: s.get("jobDeploymentStatus") in ("Retrying", "Complete", "Failed")
+    or int(s.get("failed") or 0) > 0,
+}
+
+
+def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any]) -> str:
+    _kube.custom(kubeconfig).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
+    return rayjob["metadata"]["name"]
+
+
+def status(kubeconfig: str, namespace: str, name: str) -> dict[str, Any]:
+    return _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name).get(
+        "status") or {}
+
+
+def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float) -> dict[str, Any]:
+    """Wait until RayJob ``name`` is in ``state`` (a key of STATES); returns
+    ``{"reached": bool, "elapsed_s", "status"}`` (never raises on timeout)."""
+    began = time.monotonic()
+    tier = Tier(f"rayjob_{state}", float(within_s), f"RayJob {state}")
+    try:
+        st = wait_for(lambda: status(kubeconfig, namespace, name), STATES[state], timeout=tier, interval=1,
+                      description=f"RayJob {namespace}/{name} to be {state}")
+        reached = True
+    except WaitTimeout as exc:
+        st, reached = exc.last_value or {}, False
+    return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1),
+            "status": {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message", "failed",
+                                              "succeeded", "rayClusterName")}}
+
+
+def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: str, within_s: float,
+                       reason: str = "") -> dict[str, Any]:
+    """Wait until the Kueue Workload of ``rayjob`` has ``condition`` True (with
+    ``reason`` when given); returns ``{"reached", "elapsed_s", "conditions"}``."""
+    began = time.monotonic()
+    tier = Tier(f"workload_{condition.lower()}", float(within_s), f"Workload {condition}")
+
+    def observe() -> list[dict[str, Any]]:
+        items = _kube.custom(kubeconfig).list_namespaced_custom_object(*KUEUE, namespace, "workloads").get("items", [])
+        mine = [w for w in items if any(o.get("kind") == "RayJob" and o.get("name") == rayjob
+                                        for o in w["metadata"].get("ownerReferences") or [])]
+        return [c for w in mine for c in (w.get("status") or {}).get("conditions") or []]
+
+    def done(conds: list[dict[str, Any]]) -> bool:
+        return any(c["type"] == condition and c["status"] == "True" and (not reason or c.get("reason") == reason)
+                   for c in conds)
+    try:
+        conds = wait_for(observe, done, timeout=tier, interval=1,
+                         description=f"Workload of RayJob {namespace}/{rayjob} to have {condition} {reason}".strip())
+        reached = True
+    except WaitTimeout as exc:
+        conds, reached = exc.last_value or [], False
+    return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1),
+            "conditions": [{k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
+                           for c in conds]}

@@ -1,0 +1,63 @@
+"""Run a chaostoolkit experiment of ``chaos/experiments/`` from Python.
+
+The pytest clauses inject every fault this way, so the experiment a user runs
+with ``chaos run`` and the clause are the same code path: steady-state
+hypothesis before and after, the method, and rollbacks that always run. The
+journal (chaostoolkit's record of every activity, its output and timing) is
+returned and attached to the clause's evidence.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+EXPERIMENTS = Path(__file__).resolve().parent / "experiments"
+
+
+def load(name: str) -> dict[str, Any]:
+    path = EXPERIMENTS / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in EXPERIMENTS.glob("*.json"))
+        raise FileNotFoundError(f"no experiment {name!r} in {EXPERIMENTS}; known: {', '.join(known)}")
+    return json.loads(path.read_text())
+
+
+def run(name: str, configuration: Mapping[str, Any], journal_path: Path | None = None) -> dict[str, Any]:
+    """Run experiment ``name`` with ``configuration`` (its declared variables);
+    return the journal (also written to ``journal_path``)."""
+    from chaoslib.experiment import run_experiment
+
+    experiment = load(name)
+    unknown = set(configuration) - set(experiment.get("configuration", {}))
+    if unknown:
+        raise ValueError(f"experiment {name} does not declare configuration {sorted(unknown)}")
+    logging.getLogger("chaostoolkit").setLevel(logging.WARNING)
+    journal = run_experiment(experiment, settings={"runtime": {"rollbacks": {"strategy": "always"}}},
+                             experiment_vars=(dict(configuration), {}))
+    if journal_path is not None:
+        Path(journal_path).write_text(json.dumps(journal, indent=1, default=str))
+    return journal
+
+
+def output(journal: Mapping[str, Any], activity: str) -> Any:
+    """The output of the method activity named ``activity``; raises with the
+    activity's error when it failed."""
+    for entry in journal.get("run", []):
+        if entry["activity"]["name"] == activity:
+            if entry.get("status") != "succeeded":
+                raise AssertionError(f"experiment activity {activity!r} {entry.get('status')}: "
+                                     f"{entry.get('exception') or entry.get('output')}")
+            return entry.get("output")
+    raise AssertionError(f"experiment activity {activity!r} did not run (journal status {journal.get('status')}, "
+                         f"deviated={journal.get('deviated')})")
+
+
+def summary(journal: Mapping[str, Any]) -> dict[str, Any]:
+    """The journal in a few fields, for the clause's evidence."""
+    return {"status": journal.get("status"), "deviated": journal.get("deviated"),
+            "duration_s": round(float(journal.get("duration") or 0), 1),
+            "activities": [{"name": e["activity"]["name"], "status": e.get("status"),
+                            "duration_s": round(float(e.get("duration") or 0), 1)}
+                           for e in [*journal.get("run", []), *journal.get("rollbacks", [])]]}

@@ -1,0 +1,94 @@
+"""An existing cluster, reached by a kubeconfig (``--kubeconfig``).
+
+Nothing is installed or reconfigured: the suite certifies the cluster as its
+operators configured it. Before any clause runs, :mod:`clusters.preflight`
+checks that the API server answers, the KubeRay and Kueue CRDs are served and
+the identity may do what the clauses do; a failure there is one message and
+nothing is created.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# Where upstream installs put the operators, and the container whose image tag
+# is their version (KubeRay's Helm chart and Kueue's manifests/Helm chart).
+OPERATOR_DEPLOYMENTS = {
+    "kuberay": ("app.kubernetes.io/name=kuberay-operator", "kuberay-operator"),
+    "kueue": ("control-plane=controller-manager,app.kubernetes.io/name=kueue", "kueue-controller-manager"),
+}
+
+
+class ExistingCluster:
+    """A cluster this process neither started nor will stop."""
+
+    kind = "existing"
+
+    def __init__(self, kubeconfig: str | Path, *, context: str | None = None):
+        path = Path(kubeconfig).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"kubeconfig {path} does not exist; pass the path of a kubeconfig file "
+                                    "(or omit --kubeconfig to use the embedded platform)")
+        self._kubeconfig = path.resolve()
+        self.context = context
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self._kubeconfig
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self._kubeconfig), context=self.context)
+
+    def describe(self) -> dict[str, Any]:
+        api = self.api_client()
+        info = describe_cluster(api)
+        info["kind"] = "existing cluster"
+        info["versions"].update(operator_versions(api))
+        return info
+
+    def close(self) -> None:
+        """Nothing to do: the cluster was here before and stays."""
+
+
+def describe_cluster(api: Any) -> dict[str, Any]:
+    """Server URL, Kubernetes version and the nodes' shape, from the API."""
+    from kubernetes import client
+
+    version = client.VersionApi(api).get_code()
+    nodes = client.CoreV1Api(api).list_node().items
+    shapes: dict[str, int] = {}
+    for node in nodes:
+        cap = node.status.capacity or {}
+        key = f"cpu={cap.get('cpu')}, memory={cap.get('memory')}, nvidia.com/gpu={cap.get('nvidia.com/gpu', '0')}"
+        shapes[key] = shapes.get(key, 0) + 1
+    return {
+        "server": api.configuration.host,
+        "versions": {"kubernetes": version.git_version},
+        "nodes": len(nodes),
+        "node_shapes": shapes,
+    }
+
+
+def operator_versions(api: Any) -> dict[str, str]:
+    """KubeRay's and Kueue's versions from their Deployments' image tags ("unknown" when not found)."""
+    from kubernetes import client
+
+    apps = client.AppsV1Api(api)
+    out = {}
+    for name, (selector, fallback_name) in OPERATOR_DEPLOYMENTS.items():
+        found = "unknown"
+        try:
+            deps = apps.list_deployment_for_all_namespaces(label_selector=selector).items
+            if not deps:
+                deps = [d for d in apps.list_deployment_for_all_namespaces().items if d.metadata.name == fallback_name]
+            for dep in deps:
+                for c in dep.spec.template.spec.containers:
+                    if ":" in c.image.rsplit("/", 1)[-1]:
+                        found = c.image.rsplit(":", 1)[1]
+                        break
+        except client.ApiException as exc:
+            found = f"unknown (cannot list deployments: HTTP {exc.status})"
+        out[name] = found
+    return out

@@ -1,0 +1,178 @@
+"""Checks before a certification run creates anything.
+
+:func:`preflight` reads only (discovery, ``/version``, self-subject access
+reviews, ``get`` of the objects the profile names) and raises one
+:class:`PreflightError` whose message says what is wrong and what to do:
+an unreachable API server, a missing CRD or API version, missing RBAC, or a
+profile naming objects the cluster does not have.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+# (group, version, plural): the APIs the clauses write.
+REQUIRED_APIS = (
+    ("ray.io", "v1", "rayclusters", "KubeRay (v1.3 or newer; verified with v1.5.0)"),
+    ("ray.io", "v1", "rayjobs", "KubeRay (v1.3 or newer; verified with v1.5.0)"),
+    ("ray.io", "v1", "rayservices", "KubeRay (v1.3 or newer; verified with v1.5.0)"),
+    ("kueue.x-k8s.io", "v1beta2", "clusterqueues", "Kueue serving kueue.x-k8s.io/v1beta2 (verified with v0.17.0)"),
+    ("kueue.x-k8s.io", "v1beta2", "localqueues", "Kueue serving kueue.x-k8s.io/v1beta2 (verified with v0.17.0)"),
+    ("kueue.x-k8s.io", "v1beta2", "workloads", "Kueue serving kueue.x-k8s.io/v1beta2 (verified with v0.17.0)"),
+    ("kueue.x-k8s.io", "v1beta2", "resourceflavors", "Kueue serving kueue.x-k8s.io/v1beta2 (verified with v0.17.0)"),
+    ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses",
+     "Kueue serving kueue.x-k8s.io/v1beta2 (verified with v0.17.0)"),
+)
+
+# (verb, group, resource, subresource): what the suite does; checked cluster-wide
+# because every clause works in a namespace it creates.
+REQUIRED_ACCESS = (
+    ("create", "", "namespaces", ""),
+    ("delete", "", "namespaces", ""),
+    ("create", "", "pods", ""),
+    ("delete", "", "pods", ""),
+    ("get", "", "pods", "log"),
+    ("create", "", "configmaps", ""),
+    ("create", "", "services", ""),
+    ("create", "", "persistentvolumeclaims", ""),
+    ("list", "", "events", ""),
+    ("list", "", "services", ""),
+    ("list", "", "nodes", ""),
+    ("create", "networking.k8s.io", "networkpolicies", ""),
+    ("list", "networking.k8s.io", "ingresses", ""),
+    ("create", "ray.io", "rayjobs", ""),
+    ("create", "ray.io", "rayclusters", ""),
+    ("create", "ray.io", "rayservices", ""),
+    ("list", "ray.io", "rayclusters", ""),
+    ("create", "kueue.x-k8s.io", "clusterqueues", ""),
+    ("delete", "kueue.x-k8s.io", "clusterqueues", ""),
+    ("create", "kueue.x-k8s.io", "localqueues", ""),
+    ("list", "kueue.x-k8s.io", "workloads", ""),
+)
+
+
+class PreflightError(RuntimeError):
+    """The cluster or the profile cannot be certified as they are; nothing was created."""
+
+
+def preflight(api: Any, profile: Any, *, server_timeout_s: float = 10.0) -> dict[str, Any]:
+    """Check reachability, APIs, RBAC and the profile's references; return what was found."""
+    from kubernetes import client
+
+    host = api.configuration.host
+    try:
+        version = client.VersionApi(api).get_code(_request_timeout=server_timeout_s).git_version
+    except client.ApiException as exc:
+        if exc.status in (401, 403):
+            raise PreflightError(
+                f"the API server at {host} refused the kubeconfig's credentials (HTTP {exc.status}); "
+                "refresh them (e.g. re-run your cloud's get-credentials) and try again") from None
+        raise PreflightError(f"the API server at {host} answered HTTP {exc.status} to GET /version: {exc.reason}") from None
+    except Exception as exc:  # noqa: BLE001 - urllib3/SSL/socket errors: all mean "cannot reach it"
+        raise PreflightError(
+            f"cannot reach the API server at {host}: {_root_cause(exc)}. Check the kubeconfig's server and "
+            "context (--kubeconfig/--context), your network path to it, or run `bin/rayproof up` and omit "
+            "--kubeconfig to certify the embedded platform") from None
+
+    missing_apis = _missing_apis(api)
+    if missing_apis:
+        lines = [f"{g}/{v} {plural} (install {what})" for g, v, plural, what in missing_apis]
+        raise PreflightError(
+            f"the cluster at {host} does not serve the APIs this suite needs: " + "; ".join(lines)
+            + ". Install KubeRay and Kueue (with their CRDs) and run again; nothing was created")
+
+    denied = denied_access(api, REQUIRED_ACCESS)
+    if denied:
+        user = _whoami(api)
+        raise PreflightError(
+            f"{user} may not do what the certification does: cannot " + ", ".join(denied)
+            + ". Run with a kubeconfig bound to cluster-admin (or a ClusterRole granting these verbs); "
+            "nothing was created")
+
+    problems = profile_problems(api, profile)
+    if problems:
+        raise PreflightError(f"the profile ({profile.source}) does not match the cluster at {host}: "
+                             + "; ".join(problems) + ". Fix the profile or the cluster; nothing was created")
+    return {"server": host, "kubernetes": version}
+
+
+def _root_cause(exc: BaseException) -> str:
+    seen = exc
+    while seen.__cause__ is not None or getattr(seen, "reason", None) is not None:
+        nxt = seen.__cause__ or getattr(seen, "reason", None)
+        if not isinstance(nxt, BaseException) or nxt is seen:
+            break
+        seen = nxt
+    return f"{type(seen).__name__}: {seen}"
+
+
+def _missing_apis(api: Any) -> list[tuple[str, str, str, str]]:
+    served: dict[tuple[str, str], set[str] | None] = {}
+    missing = []
+    for group, version, plural, what in REQUIRED_APIS:
+        key = (group, version)
+        if key not in served:
+            try:
+                body = api.call_api(f"/apis/{group}/{version}", "GET", response_type="object",
+                                    auth_settings=["BearerToken"], _return_http_data_only=True)
+                served[key] = {r["name"] for r in body.get("resources", [])}
+            except Exception:  # noqa: BLE001 - 404: the group/version is not served
+                served[key] = None
+        if not served[key] or plural not in served[key]:
+            missing.append((group, version, plural, what))
+    return missing
+
+
+def denied_access(api: Any, checks: Sequence[tuple[str, str, str, str]]) -> list[str]:
+    """The checks a SelfSubjectAccessReview denies, as "verb group/resource[/sub]" strings."""
+    from kubernetes import client
+
+    authz = client.AuthorizationV1Api(api)
+    denied = []
+    for verb, group, resource, sub in checks:
+        review = authz.create_self_subject_access_review({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                            "subresource": sub or None}}})
+        if not review.status.allowed:
+            name = f"{group}/{resource}" if group else resource
+            denied.append(f"{verb} {name}{'/' + sub if sub else ''}")
+    return denied
+
+
+def _whoami(api: Any) -> str:
+    from kubernetes import client
+
+    try:
+        review = client.AuthenticationV1Api(api).create_self_subject_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        return f"user {review.status.user_info.username!r}"
+    except Exception:  # noqa: BLE001 - only for the message
+        return "the kubeconfig's identity"
+
+
+def profile_problems(api: Any, profile: Any) -> list[str]:
+    """What the profile names that the cluster lacks (flavor, priority classes)."""
+    from kubernetes import client
+
+    objs = client.CustomObjectsApi(api)
+    problems = []
+    flavor = profile["kueue"]["resourceFlavor"]
+    try:
+        objs.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", flavor)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+        problems.append(f"kueue.resourceFlavor: ResourceFlavor {flavor!r} does not exist")
+    values = {}
+    for level, name in profile["kueue"]["priorityClasses"].items():
+        try:
+            wpc = objs.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", name)
+            values[level] = int(wpc.get("value", 0))
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            problems.append(f"kueue.priorityClasses.{level}: WorkloadPriorityClass {name!r} does not exist")
+    if len(values) == 2 and values["high"] <= values["low"]:
+        problems.append(f"kueue.priorityClasses: high ({values['high']}) must have a greater value than "
+                        f"low ({values['low']})")
+    return problems

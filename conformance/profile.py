@@ -1,0 +1,162 @@
+"""The certification profile: loading, validation and the values clauses read.
+
+``profile.yaml`` beside this file documents every field and holds the defaults
+(they describe the embedded platform). A user's ``--profile FILE`` names only
+what differs; unknown fields and bad values raise one
+:class:`~rayproof.schema.ProfileError` naming the file, the field and what is
+allowed, before anything is created on a cluster.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from rayproof.schema import (
+    ProfileError,
+    boolean,
+    duration,
+    env_map,
+    int_range,
+    load_layered,
+    one_of,
+    optional,
+    parse_duration,
+    quantity,
+)
+
+DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
+PREEMPTION_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+_MOUNT = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+
+def _name(v: Any) -> str:
+    if not isinstance(v, str) or not _DNS_LABEL.match(v):
+        raise ValueError("a Kubernetes object name (lowercase letters, digits, '-' and '.')")
+    return v
+
+
+def _image(v: Any) -> str:
+    if not isinstance(v, str) or not _IMAGE.match(v):
+        raise ValueError("a container image reference such as rayproject/ray:2.60.0")
+    return v
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, (str, int, float)) or isinstance(v, bool) or not str(v).strip():
+        raise ValueError("a non-empty string")
+    return str(v)
+
+
+def _fraction(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError("a number greater than 0 and at most 1")
+    return float(v)
+
+
+def _price(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ValueError("a non-negative number")
+    return float(v)
+
+
+def _mount(v: Any) -> str:
+    if not isinstance(v, str) or not _MOUNT.match(v) or v == "/":
+        raise ValueError("an absolute directory path other than /")
+    return v.rstrip("/")
+
+
+def _wait_for_pods_ready(v: Any) -> dict[str, str] | None:
+    allowed = "null (off) or a mapping with timeout and backoffBase durations such as 120s"
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {"timeout", "backoffBase"}:
+        raise ValueError(allowed)
+    for key in ("timeout", "backoffBase"):
+        try:
+            if parse_duration(v[key]) <= 0:
+                raise ValueError(allowed)
+        except ValueError:
+            raise ValueError(allowed) from None
+    return dict(v)
+
+
+SCHEMA: dict[str, Any] = {
+    "ray": {"image": _image, "version": _text, "env": env_map},
+    "head": {"cpu": quantity, "memory": quantity},
+    "workers": {"cpu": quantity, "memory": quantity, "gpus": int_range(0, 64)},
+    "kueue": {
+        "resourceFlavor": _name,
+        "priorityClasses": {"low": _name, "high": _name},
+        "preemption": one_of(PREEMPTION_POLICIES),
+        "waitForPodsReady": _wait_for_pods_ready,
+    },
+    "training": {
+        "collectiveTimeout": duration(positive=True),
+        "maxCollectiveTimeout": duration(positive=True),
+        "checkpointEvery": int_range(1, 1000),
+        "checkpoints": {"storageClassName": optional(_name), "size": quantity, "mountPath": _mount},
+    },
+    "gcsFaultTolerance": {"enabled": boolean, "redisImage": _image},
+    "serving": {"availabilityTarget": _fraction},
+    "operations": {"teardownWithin": duration(positive=True)},
+    "cost": {"gpuHourPrice": _price, "currency": _text},
+}
+
+
+def _check_relations(data: dict[str, Any], source: str) -> None:
+    pcs = data["kueue"]["priorityClasses"]
+    if pcs["low"] == pcs["high"]:
+        raise ProfileError(f"{source}: field kueue.priorityClasses.high: must differ from low; got {pcs['high']!r}")
+
+
+@dataclass(frozen=True)
+class CertificationProfile:
+    """A validated certification profile; ``data`` is the merged mapping."""
+
+    data: Mapping[str, Any]
+    source: str
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def seconds(self, dotted: str) -> float | None:
+        """A duration field in seconds, e.g. ``seconds("training.collectiveTimeout")``."""
+        node: Any = self.data
+        for part in dotted.split("."):
+            node = None if node is None else node[part]
+        return None if node is None else parse_duration(node)
+
+    @property
+    def ray_image(self) -> str:
+        return str(self.data["ray"]["image"])
+
+    @property
+    def worker_gpus(self) -> int:
+        return int(self.data["workers"]["gpus"])
+
+    @property
+    def collective_timeout_s(self) -> float:
+        return parse_duration(self.data["training"]["collectiveTimeout"])
+
+    @property
+    def wait_for_pods_ready_s(self) -> float | None:
+        return self.seconds("kueue.waitForPodsReady.timeout")
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(dict(self.data))
+
+
+def load(source: str | Path | Mapping[str, Any] | None = None) -> CertificationProfile:
+    """The default profile merged with ``source``; raises ProfileError on the first bad field."""
+    data, name = load_layered(DEFAULT_PROFILE, SCHEMA, source, _check_relations)
+    return CertificationProfile(data=data, source=name)
