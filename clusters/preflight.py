@@ -106,16 +106,19 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def _missing_apis(api: Any) -> list[tuple[str, str, str, str]]:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
     served: dict[tuple[str, str], set[str] | None] = {}
     missing = []
     for group, version, plural, what in REQUIRED_APIS:
         key = (group, version)
         if key not in served:
             try:
-                body = api.call_api(f"/apis/{group}/{version}", "GET", response_type="object",
-                                    auth_settings=["BearerToken"], _return_http_data_only=True)
-                served[key] = {r["name"] for r in body.get("resources", [])}
-            except Exception:  # noqa: BLE001 - 404: the group/version is not served
+                served[key] = {r.name for r in custom.get_api_resources(group, version).resources}
+            except client.ApiException as exc:
+                if exc.status != 404:  # 404: the group/version is not served
+                    raise
                 served[key] = None
         if not served[key] or plural not in served[key]:
             missing.append((group, version, plural, what))

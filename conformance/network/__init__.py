@@ -1,0 +1,1 @@
+"""Clauses NET-1..3: NetworkPolicy enforcement and what it does to collectives."""
