@@ -1,10 +1,12 @@
-"""Fault: a worker pod of a training cluster is deleted mid-all-reduce.
+"""Fault: a pod of a training cluster is deleted mid-all-reduce.
 
 What a spot reclaim or a preemption does to a running gang: the pod goes
 without a grace period, its raylet and its Ray Train worker die in the middle
 of a collective. KubeRay recreates the pod (the worker group keeps its
 replica count); Ray Train is expected to notice, restart the worker group and
-resume from the latest checkpoint. Nothing to revert: the platform heals.
+resume from the latest checkpoint. The same fault on the head
+(``node_type="head"``) takes the driver with it: the RayJob must retry and
+training resume from shared storage. Nothing to revert: the platform heals.
 """
 from __future__ import annotations
 
@@ -23,11 +25,11 @@ def steady_state(kubeconfig: str, namespace: str, cluster: str, workers: int, wi
     return _kube.holds_within(whole, within_s, f"{workers} Ready worker pods of RayCluster {namespace}/{cluster}")
 
 
-def inject(kubeconfig: str, namespace: str, cluster: str) -> dict[str, Any]:
-    """Delete the newest worker pod of ``cluster`` with grace period 0."""
-    pods = _kube.ray_pods(kubeconfig, namespace, cluster, "worker")
+def inject(kubeconfig: str, namespace: str, cluster: str, node_type: str = "worker") -> dict[str, Any]:
+    """Delete the newest ``node_type`` (worker|head) pod of ``cluster`` with grace period 0."""
+    pods = _kube.ray_pods(kubeconfig, namespace, cluster, node_type)
     if not pods:
-        raise RuntimeError(f"RayCluster {namespace}/{cluster} has no worker pod to preempt")
+        raise RuntimeError(f"RayCluster {namespace}/{cluster} has no {node_type} pod to preempt")
     victim = pods[-1]
     _kube.core(kubeconfig).delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
     return {"pod": victim.metadata.name, "node": victim.spec.node_name, "pod_ip": victim.status.pod_ip,

@@ -38,12 +38,15 @@ class Target(Protocol):
 
 
 def open_target(kubeconfig: str | Path | None = None, *, context: str | None = None,
-                platform_name: str | None = None, progress: Progress = lambda m: None) -> Target:
+                platform_name: str | None = None, platform_profile: str | Path | None = None,
+                progress: Progress = lambda m: None) -> Target:
     """The cluster named by ``kubeconfig``, or the embedded platform when it is None."""
     if kubeconfig is not None:
         from clusters.existing import ExistingCluster
 
+        if platform_name or platform_profile:
+            raise ValueError("--platform-name and --platform-profile apply to the embedded platform, not to --kubeconfig")
         return ExistingCluster(kubeconfig, context=context)
     from clusters.embedded.target import EmbeddedTarget
 
-    return EmbeddedTarget.start(name=platform_name, progress=progress)
+    return EmbeddedTarget.start(name=platform_name, profile=platform_profile, progress=progress)

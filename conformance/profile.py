@@ -30,6 +30,7 @@ from rayproof.schema import (
 )
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 PREEMPTION_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
@@ -88,7 +89,7 @@ def _wait_for_pods_ready(v: Any) -> dict[str, str] | None:
 
 
 SCHEMA: dict[str, Any] = {
-    "ray": {"image": _image, "version": _text, "env": env_map},
+    "ray": {"image": _image, "version": _text, "headServiceType": one_of(SERVICE_TYPES), "env": env_map},
     "head": {"cpu": quantity, "memory": quantity},
     "workers": {"cpu": quantity, "memory": quantity, "gpus": int_range(0, 64)},
     "kueue": {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform as pyplatform
 import sys
@@ -46,6 +47,17 @@ def _memory_gib() -> str:
         return "?"
 
 
+def target_rows(target: dict | None) -> dict[str, str]:
+    """The certified cluster's description as report rows."""
+    if not target:
+        return {}
+    rows = {"cluster": str(target.get("kind")), "API server": str(target.get("server")),
+            "versions": ", ".join(f"{k} {v}" for k, v in (target.get("versions") or {}).items()),
+            "nodes": f"{target.get('nodes')} ({'; '.join(f'{n} x {k}' for k, n in (target.get('node_shapes') or {}).items())})",
+            "certification profile": str(target.get("certification_profile"))}
+    return rows
+
+
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
     from reports import summary as summary_mod
@@ -58,11 +70,17 @@ def cmd_certify(args: argparse.Namespace) -> int:
                    f"--rayproof-results={results}", "-o", "junit_family=xunit2"]
     if args.k:
         pytest_args += ["-k", args.k]
+    for option in ("kubeconfig", "context", "profile", "platform_name", "platform_profile"):
+        if getattr(args, option):
+            pytest_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    began = time.monotonic()
     rc = _pytest(pytest_args)
     if not results.exists():
         print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
         return rc or 1
-    summary = summary_mod.write(results, local_platform(), out)
+    platform = {**local_platform(), **target_rows(json.loads(results.read_text()).get("target"))}
+    platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"
+    summary = summary_mod.write(results, platform, out)
     print(f"rayproof: {summary['verdict']} — {summary['counts']} — {out / 'certification.md'}")
     return 0 if summary["verdict"] == "CERTIFIED" else 1
 
@@ -130,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("certify", help=cmd_certify.__doc__)
     p.add_argument("--out", help="report directory (default: out/certification-<UTC time>)")
     p.add_argument("-k", help="only clauses matching this pytest -k expression")
+    p.add_argument("--kubeconfig", help="certify the existing cluster of this kubeconfig (default: the embedded platform)")
+    p.add_argument("--context", help="kubeconfig context (default: its current context)")
+    p.add_argument("--profile", help="certification profile YAML merged over conformance/profile.yaml")
+    p.add_argument("--platform-name", help="embedded platform: its name (default: default)")
+    p.add_argument("--platform-profile", help="embedded platform: its platform profile YAML")
     p.set_defaults(func=cmd_certify)
 
     p = sub.add_parser("test", help=cmd_test.__doc__)

@@ -329,7 +329,8 @@ class Addons:
             "featureGates": {"VisibilityOnDemand": False},
             "clientConnection": {"qps": 50, "burst": 100},
             "integrations": {"frameworks": list(k["integrations"])},
-            "waitForPodsReady": wait,
+            # In v1beta2 the section's presence is what enables it.
+            **({"waitForPodsReady": wait} if wfpr["enable"] else {}),
         }
 
     def _start_kueue(self) -> None:

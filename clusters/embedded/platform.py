@@ -203,9 +203,11 @@ class EmbeddedPlatform:
         """The pod network controller: routes, services, DNS, NetworkPolicy, and the API server's way in."""
         self.register_cleanup("clusters.embedded.podnet.network:teardown", platform=self.name,
                               state_dir=str(self.podnet_dir))
-        self.start_process("podnet", [sys.executable, "-m", "clusters.embedded.podnet", "run",
-                                      "--kubeconfig", str(self.kubeconfig), "--platform", self.name,
-                                      "--state-dir", str(self.podnet_dir)], env=_python_env())
+        argv = [sys.executable, "-m", "clusters.embedded.podnet", "run", "--kubeconfig", str(self.kubeconfig),
+                "--platform", self.name, "--state-dir", str(self.podnet_dir)]
+        if not self.profile.data["network"]["enforceNetworkPolicy"]:
+            argv.append("--no-network-policy")
+        self.start_process("podnet", argv, env=_python_env())
         ready = self.podnet_dir / "controller.ready"
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
                  description=f"pod network controller of platform {self.name} ({ready})")

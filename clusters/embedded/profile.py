@@ -103,6 +103,7 @@ SCHEMA: dict[str, Any] = {
     },
     "kueue": {
         "waitForPodsReady": {
+            "enable": boolean,
             "timeout": duration(positive=True),
             "blockAdmission": boolean,
             "recoveryTimeout": optional(duration(positive=False)),
@@ -115,6 +116,7 @@ SCHEMA: dict[str, Any] = {
         },
         "integrations": _integrations,
     },
+    "network": {"enforceNetworkPolicy": boolean},
     "kuberay": {
         "env": env_map,
         "featureGates": _gates,

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--state-dir", type=Path, help="default: <kubeconfig's directory>/podnet")
     run.add_argument("--recheck-established", action="store_true",
                      help="new policies also cut connections opened before them")
+    run.add_argument("--no-network-policy", action="store_true",
+                     help="accept NetworkPolicies but enforce none (a CNI without policy support)")
     run.add_argument("--proxy-port", type=int, help="also serve the cluster proxy on 127.0.0.1:<port>")
     down = sub.add_parser("teardown", help="remove the whole pod network")
     down.add_argument("--platform", required=True)
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     ctl = PodNetworkController(args.kubeconfig, args.platform, state_dir=args.state_dir,
-                               recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port)
+                               recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port,
+                               enforce_policies=not args.no_network_policy)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -131,7 +131,8 @@ class PodNetworkController:
 
     def __init__(self, kubeconfig: str | Path | None, platform_name: str, *, state_dir: str | Path | None = None,
                  network: PodNetwork | None = None, recheck_established: bool = False,
-                 debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None):
+                 debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
+                 enforce_policies: bool = True):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -142,6 +143,9 @@ class PodNetworkController:
         self.network = network
         self.state = ClusterState()
         self._recheck_established = recheck_established
+        # False: a CNI without NetworkPolicy support (flannel): policies are
+        # accepted by the API server and silently not enforced.
+        self.enforce_policies = enforce_policies
         self.debounce_s = debounce_s
         self.applied_generation = -1
         self.last_error: BaseException | None = None
@@ -243,7 +247,7 @@ class PodNetworkController:
         namespaces = _parse(snap["namespaces"], Namespace.from_api, "Namespace")
         policies = []
         errors = []
-        for pol in snap["networkpolicies"]:
+        for pol in snap["networkpolicies"] if self.enforce_policies else []:
             try:  # one invalid policy must not stop every other one from applying
                 compile_policies(pods, namespaces, [pol])
                 policies.append(pol)

@@ -1,0 +1,146 @@
+"""Training recovery on the platform: a worker preempted mid-all-reduce (TRN-1)."""
+from __future__ import annotations
+
+import pytest
+
+from chaos import runner
+from conformance.training_jobs import driver_events, gang_gpus, training_rayjob
+from fixtures import timeouts
+from fixtures.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+STEPS = 30
+STEP_TIME_S = 1.0
+# Ray Train V2 registers a reported checkpoint when its controller next polls
+# the workers (~2 s); a failure inside that window resumes from the previous
+# checkpoint. The fault is injected only after a checkpoint is this old.
+CHECKPOINT_SETTLE_S = 4.0
+
+
+@pytest.mark.clause("TRN-1")
+def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, tmp_path) -> None:
+    """A worker pod deleted while collectives are in flight MUST be detected and
+    the worker group restarted within the platform's collective timeout plus
+    60 s slack; Ray Train MUST resume from the latest checkpoint (first step
+    after the restart = checkpoint step + 1), losing at most one checkpoint
+    interval of steps, and the RayJob MUST succeed with every step done."""
+    profile = lab.profile
+    every = int(profile["training"]["checkpointEvery"])
+    timeout_s = profile.collective_timeout_s
+    slack = timeouts.FAIL_FAST_SLACK.seconds
+    ns = lab.namespace("a")
+    lab.queues([ns], gpus=gang_gpus(lab))
+    name = lab.name("trn1")
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=2))
+
+    with evidence.phase("steady state"):
+        def settled_checkpoint() -> tuple[dict | None, dict | None]:
+            saved = driver_events(lab, ns, name, "checkpoint_saved")
+            steps = driver_events(lab, ns, name, "step")
+            return (saved[-1] if saved else None), (steps[-1] if steps else None)
+
+        ckpt, _ = wait_for(settled_checkpoint,
+                           lambda v: v[0] is not None and v[1] is not None and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S
+                           and v[1]["step"] < STEPS - every,
+                           timeout=timeouts.TRAINING_RUN, interval=1,
+                           description=f"RayJob {name}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s old while steps run")
+        cluster = lab.rayjob_status(ns, name)["rayClusterName"]
+    with evidence.phase("inject"):
+        journal = runner.run("preempt-worker", {
+            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "cluster": cluster, "workers": 2,
+            "within_s": timeouts.RAYCLUSTER_READY.seconds}, journal_path=tmp_path / "journal.json")
+    evidence.record("experiment", runner.summary(journal))
+    evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+    deleted = runner.output(journal, "delete-pod")
+    evidence.record("deleted_pod", deleted)
+    with evidence.phase("observe"):
+        status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+                                 timeout=timeouts.TRAINING_RUN, description="finished after the preemption")
+    steps = driver_events(lab, ns, name, "step")
+    before = [e["step"] for e in steps if e["ts"] <= deleted["deleted_at"]]
+    restored = [e for e in driver_events(lab, ns, name, "checkpoint_restored") if e["ts"] > deleted["deleted_at"]]
+    restarts = [e for e in driver_events(lab, ns, name, "worker_group_started") if e["ts"] > deleted["deleted_at"]]
+    saved_before = [e["step"] for e in driver_events(lab, ns, name, "checkpoint_saved") if e["ts"] <= deleted["deleted_at"]]
+    last_step = max(before) if before else None
+    evidence.record("rayjob", {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "message")})
+    evidence.record("last_step_before_kill", last_step)
+    evidence.record("latest_checkpoint_before_kill", max(saved_before) if saved_before else None)
+    evidence.record("restored_step", restored[0]["step"] if restored else None)
+    evidence.record("checkpoint_interval", every)
+    assert restarts, (f"no worker group restarted after {deleted['pod']} was deleted; driver output:\n"
+                      f"{lab.submitter_logs(ns, name)[-3000:]}")
+    restart_s = round(restarts[0]["ts"] - deleted["deleted_at"], 1)
+    evidence.record("kill_to_worker_group_restart_s", restart_s)
+    assert restart_s <= timeout_s + slack, (
+        f"the worker group restarted {restart_s} s after the preemption, beyond the collective timeout "
+        f"{timeout_s:g} s + {slack:g} s slack")
+    assert restored, "the restarted worker group did not restore a checkpoint (it started from step 0)"
+    assert restored[0]["step"] == max(saved_before), (
+        f"restored step {restored[0]['step']}, but the latest checkpoint before the kill was {max(saved_before)}")
+    first_after = [e["step"] for e in steps if e["ts"] > restarts[0]["ts"]]
+    evidence.record("first_step_after_restart", first_after[0] if first_after else None)
+    assert first_after and first_after[0] == restored[0]["step"] + 1, (
+        f"first step after the restart was {first_after[:1]}, expected {restored[0]['step'] + 1}")
+    lost = last_step - restored[0]["step"]
+    evidence.record("steps_lost", lost)
+    assert lost <= every, f"{lost} steps lost, more than the checkpoint interval {every}"
+    assert status.get("jobStatus") == "SUCCEEDED", f"RayJob {name} ended {status}"
+    assert max(e["step"] for e in steps) == STEPS, f"the run stopped at step {max(e['step'] for e in steps)} of {STEPS}"
+
+
+@pytest.mark.clause("TRN-2")
+def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, tmp_path) -> None:
+    """When the head pod of a training RayJob dies (taking the driver with it),
+    the RayJob MUST retry (its backoffLimit) and training MUST resume from the
+    latest checkpoint in shared storage -- not from step 0 -- and the RayJob
+    MUST succeed with every step done."""
+    every = int(lab.profile["training"]["checkpointEvery"])
+    ns = lab.namespace("a")
+    lab.queues([ns], gpus=gang_gpus(lab))
+    name = lab.name("trn2")
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=1,
+                                                 backoff_limit=2))
+    with evidence.phase("steady state"):
+        def settled_checkpoint() -> tuple[dict | None, dict | None]:
+            saved = driver_events(lab, ns, name, "checkpoint_saved")
+            steps = driver_events(lab, ns, name, "step")
+            return (saved[-1] if saved else None), (steps[-1] if steps else None)
+
+        ckpt, last = wait_for(settled_checkpoint,
+                              lambda v: v[0] is not None and v[1] is not None
+                              and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S and v[1]["step"] < STEPS - every,
+                              timeout=timeouts.TRAINING_RUN, interval=1,
+                              description=f"RayJob {name}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s old")
+        before = lab.rayjob_status(ns, name)
+    with evidence.phase("inject"):
+        journal = runner.run("preempt-worker", {
+            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "cluster": before["rayClusterName"], "workers": 2,
+            "node_type": "head", "within_s": 1}, journal_path=tmp_path / "journal.json")
+    evidence.record("experiment", runner.summary(journal))
+    evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+    deleted = runner.output(journal, "delete-pod")
+    evidence.record("deleted_pod", deleted)
+    evidence.record("latest_checkpoint_before_kill", ckpt["step"])
+    evidence.record("last_step_before_kill", last["step"])
+    with evidence.phase("observe"):
+        status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+                                 timeout=timeouts.TRAINING_RUN, description="finished after its head died")
+    evidence.record("rayjob", {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "failed", "succeeded",
+                                                          "rayClusterName", "message")})
+    evidence.record("cluster_before", before["rayClusterName"])
+    restored = [e for e in driver_events(lab, ns, name, "checkpoint_restored") if e["ts"] > deleted["deleted_at"]]
+    starts = [e for e in driver_events(lab, ns, name, "worker_group_started") if e["ts"] > deleted["deleted_at"]]
+    steps = driver_events(lab, ns, name, "step")
+    evidence.record("restored_step", restored[0]["step"] if restored else None)
+    evidence.record("resume_step", starts[0]["resume_step"] if starts else None)
+    evidence.record("retried_on_new_cluster", status.get("rayClusterName") != before["rayClusterName"])
+    evidence.record("rayjob_failed_attempts", status.get("failed"))
+    assert starts, f"training never started again after the head died; RayJob status {status}"
+    assert starts[0]["resume_step"] > 0, (
+        "after the head died training started again from step 0: the checkpoint in shared storage was not used")
+    assert restored and restored[0]["step"] == ckpt["step"], (
+        f"training resumed from {restored[0]['step'] if restored else None}, the latest checkpoint before the "
+        f"head died was {ckpt['step']}")
+    assert status.get("jobStatus") == "SUCCEEDED", f"RayJob {name} ended {status}"
+    assert max(e["step"] for e in steps) == STEPS, f"the run stopped at step {max(e['step'] for e in steps)}"
