@@ -38,7 +38,18 @@ def run(name: str, configuration: Mapping[str, Any], journal_path: Path | None =
                              experiment_vars=(dict(configuration), {}))
     if journal_path is not None:
         Path(journal_path).write_text(json.dumps(journal, indent=1, default=str))
+    if _interrupted(journal):
+        # chaoslib turns SIGTERM/Ctrl-C into an activity failure (rollbacks
+        # still ran); the run as a whole must stop, as it would without it.
+        raise KeyboardInterrupt(f"experiment {name} was interrupted")
     return journal
+
+
+def _interrupted(journal: Mapping[str, Any]) -> bool:
+    if journal.get("status") in ("interrupted", "aborted"):
+        return True
+    return any("InterruptExecution" in str(e.get("exception")) or "KeyboardInterrupt" in str(e.get("exception"))
+               for e in journal.get("run", []))
 
 
 def output(journal: Mapping[str, Any], activity: str) -> Any:

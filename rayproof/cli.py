@@ -108,13 +108,30 @@ def cmd_clean(args: argparse.Namespace) -> int:
     from fixtures import janitor
 
     runs = janitor.orphaned_runs()
-    if not runs:
-        print("rayproof: nothing left behind by earlier runs")
-        return 0
     for run_id in runs:
         removed = janitor.clean_run(run_id)
         print(f"rayproof: run {run_id}: removed {', '.join(removed)}")
+    cleaned = []
+    api = _cluster_for_clean(args)
+    if api is not None:
+        cleaned = janitor.clean_on_cluster(api, janitor.orphaned_on_cluster(api))
+        for line in cleaned:
+            print(f"rayproof: deleted {line}")
+    if not runs and not cleaned:
+        print("rayproof: nothing left behind by earlier runs")
     return 0
+
+
+def _cluster_for_clean(args: argparse.Namespace):
+    """The cluster to clean: --kubeconfig, else the embedded platform if it is running, else None."""
+    from kubernetes import config
+
+    if args.kubeconfig:
+        return config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+    from clusters.embedded.platform import EmbeddedPlatform
+
+    platform = EmbeddedPlatform(args.platform_name)
+    return platform.api_client() if platform.status().get("healthy") else None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -165,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("clean", help=cmd_clean.__doc__)
+    p.add_argument("--kubeconfig", help="also clean this cluster (default: the embedded platform when it runs)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--platform-name", default="default", help="embedded platform to clean (default: default)")
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("bench", help=cmd_bench.__doc__)

@@ -1,0 +1,105 @@
+"""Each Kubernetes clause fails, with a message naming the cause, on a platform that breaks it.
+
+A suite that cannot fail proves nothing. Each case runs the real clause (a
+pytest subprocess, exactly as `rayproof certify` runs it) against either
+
+* the default embedded platform with a certification profile that describes a
+  misconfigured platform (a 1800 s collective timeout, no GCS fault
+  tolerance, the dashboard on a NodePort, ...), or
+* an embedded platform started with the matching misconfiguration of its own
+  (Kueue's waitForPodsReady off, a CNI that does not enforce NetworkPolicy,
+  Kueue not managing RayJobs),
+
+and requires the clause's outcome to be ``failed`` with a message that names
+the cause.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from clusters.embedded.target import EmbeddedTarget
+from fixtures.timeouts import Tier
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+# One clause run, platform start included, on two cores.
+CLAUSE_RUN = Tier("selftest_clause_run", 1200, "one clause run in a subprocess")
+
+
+def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
+               platform_profile: Path | None = None) -> dict[str, Any]:
+    """Run one clause (``path::test``) as certify does; return its result row."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    results = tmp_path / "results.json"
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
+            "--rootdir", str(REPO), str(REPO / test), "-q", f"--rayproof-results={results}"]
+    if profile is not None:
+        path = tmp_path / "profile.yaml"
+        path.write_text(yaml.safe_dump(profile))
+        argv += ["--profile", str(path)]
+    if platform is not None:
+        argv += ["--platform-name", platform]
+    if platform_profile is not None:
+        argv += ["--platform-profile", str(platform_profile)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds)
+    assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
+    assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
+    return rows[-1]
+
+
+def expect_failure(row: dict[str, Any], cause: str) -> None:
+    assert row["outcome"] == "failed", f"{row['clause']} {row['outcome']} on a platform that breaks it: {row['message'][:500]}"
+    assert cause.lower() in row["message"].lower(), (
+        f"{row['clause']} failed, but its message does not name the cause ({cause!r}): {row['message'][:800]}")
+
+
+@pytest.fixture(scope="module")
+def default_platform(target) -> Any:
+    """Module scope; the session's platform (the clause subprocesses reuse it; nothing to clean up here)."""
+    return target
+
+
+@pytest.fixture(scope="module")
+def broken_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Module scope; an embedded platform whose Kueue has no waitForPodsReady and
+    whose pod network enforces no NetworkPolicy; taken down at teardown."""
+    name = "selftest-broken"
+    profile = tmp_path_factory.mktemp("broken") / "platform-profile.yaml"
+    profile.write_text(yaml.safe_dump({"kueue": {"waitForPodsReady": {"enable": False}},
+                                       "network": {"enforceNetworkPolicy": False}}))
+    target = EmbeddedTarget.start(name=name, profile=profile, progress=print)
+    try:
+        yield name, profile
+    finally:
+        target.platform.down()
+
+
+def test_net1_fails_when_the_collective_timeout_is_left_at_30_minutes(default_platform, tmp_path) -> None:
+    row = run_clause(tmp_path, "conformance/network/test_network.py::test_policy_blocking_collectives_fails_training_fast",
+                     profile={"training": {"collectiveTimeout": "1800s"}})
+    expect_failure(row, "above the fail-fast bound")
+
+
+def test_sec1_fails_when_the_dashboard_is_on_a_node_port(default_platform, tmp_path) -> None:
+    row = run_clause(tmp_path, "conformance/operations/test_operations.py::test_ray_dashboard_not_exposed_without_authentication",
+                     profile={"ray": {"headServiceType": "NodePort"}})
+    expect_failure(row, "is type NodePort")
+
+
+def test_net3_fails_and_net1_is_not_applicable_without_policy_enforcement(broken_platform, tmp_path) -> None:
+    name, platform_profile = broken_platform
+    row = run_clause(tmp_path, "conformance/network/test_network.py::test_network_policy_is_enforced",
+                     platform=name, platform_profile=platform_profile)
+    expect_failure(row, "does not enforce NetworkPolicy")
+    row = run_clause(tmp_path / "net1", "conformance/network/test_network.py::test_policy_blocking_collectives_fails_training_fast",
+                     platform=name, platform_profile=platform_profile)
+    assert row["outcome"] == "not_applicable", f"NET-1 {row['outcome']} where NetworkPolicy is not enforced: {row['message']}"
