@@ -33,3 +33,22 @@ def driver_events(lab: Any, namespace: str, rayjob: str, kind: str | None = None
 def gang_gpus(lab: Any, workers: int = 2) -> int:
     """GPUs a gang of ``workers`` asks for (0 on a CPU-only profile)."""
     return mf.gang_gpus(lab.profile, workers)
+
+
+class DriverLog:
+    """A RayJob's driver events, accumulated across submitter pods that come
+    and go (a suspended or retried RayJob's submitter is deleted with its logs)."""
+
+    def __init__(self, lab: Any, namespace: str, rayjob: str):
+        self.lab, self.namespace, self.rayjob = lab, namespace, rayjob
+        self._seen: dict[str, dict[str, Any]] = {}
+
+    def refresh(self) -> list[dict[str, Any]]:
+        for event in driver_events(self.lab, self.namespace, self.rayjob):
+            key = repr(sorted(event.items()))
+            self._seen.setdefault(key, event)
+        return self.events()
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        found = sorted(self._seen.values(), key=lambda e: e.get("ts", 0))
+        return [e for e in found if kind is None or e["event"] == kind]

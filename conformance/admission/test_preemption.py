@@ -1,0 +1,102 @@
+"""Preemption as a whole gang (ADM-5): the design's higher-priority job that needs the same nodes."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob
+from fixtures import timeouts
+from fixtures.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+STEP_TIME_S = 1.0
+CHECKPOINT_SETTLE_S = 4.0
+
+
+@pytest.mark.clause("ADM-5")
+def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidence) -> None:
+    """A higher-priority RayJob that needs the quota of a running lower-priority
+    training RayJob MUST preempt it as a whole gang: the victim's Workload shows
+    Preempted, every one of its pods is deleted (none keeps running beside the
+    new gang), and when the quota frees the victim MUST be readmitted and resume
+    from its last checkpoint (not step 0) and succeed."""
+    pcs = lab.profile["kueue"]["priorityClasses"]
+    low_ns, high_ns = lab.namespace("low"), lab.namespace("high")
+    lab.queues([low_ns, high_ns], gpus=gang_gpus(lab))
+    low = lab.name("low")
+    lab.create_ray(low_ns, "rayjobs", training_rayjob(lab, low, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=1,
+                                                     priority_class=pcs["low"]))
+    log = DriverLog(lab, low_ns, low)
+    with evidence.phase("steady state"):
+        def settled() -> tuple[dict | None, dict | None]:
+            log.refresh()
+            saved, steps = log.events("checkpoint_saved"), log.events("step")
+            return (saved[-1] if saved else None), (steps[-1] if steps else None)
+        ckpt, _ = wait_for(settled, lambda v: v[0] is not None and v[1] is not None
+                           and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S and v[1]["step"] < STEPS - 10,
+                           timeout=timeouts.TRAINING_RUN, interval=1,
+                           description=f"low-priority RayJob {low}: a settled checkpoint while it trains")
+
+    # Sample the victim's pods and the high job's pods from submission on, to
+    # see whether both gangs ever ran side by side.
+    samples: list[dict] = []
+    stop = threading.Event()
+
+    def running_ray_pods(ns: str) -> int:
+        return sum(1 for p in lab.pods(ns, "ray.io/node-type") if p.status.phase == "Running")
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            try:
+                log.refresh()
+                samples.append({"t": round(time.time(), 1), "low_running": running_ray_pods(low_ns),
+                                "high_running": running_ray_pods(high_ns)})
+            except Exception as exc:  # noqa: BLE001 - a missed sample is recorded, not fatal
+                samples.append({"t": round(time.time(), 1), "error": type(exc).__name__})
+
+    sampler = threading.Thread(target=sample, name="adm5-sampler", daemon=True)
+    high = lab.name("high")
+    with evidence.phase("inject"):
+        sampler.start()
+        preempted_at = time.time()
+        lab.create_ray(high_ns, "rayjobs", training_rayjob(lab, high, steps=6, max_failures=0,
+                                                          priority_class=pcs["high"]))
+    try:
+        with evidence.phase("observe"):
+            def victim_workload() -> list[dict]:
+                return [c for w in lab.workloads(low_ns) for c in (w.get("status") or {}).get("conditions") or []]
+            conds = wait_for(victim_workload, lambda cs: any(c["type"] == "Preempted" and c["status"] == "True" for c in cs),
+                             timeout=timeouts.CONTROLLER_RECONCILE, interval=1,
+                             description=f"the Workload of {low} to show Preempted")
+            evidence.record("victim_conditions", [{k: c.get(k) for k in ("type", "status", "reason")} for c in conds])
+            gone = wait_for(lambda: [p.metadata.name for p in lab.pods(low_ns, "ray.io/node-type")],
+                            lambda left: not left, timeout=timeouts.OBJECT_DELETE, interval=1,
+                            description=f"every pod of the preempted gang {low} to be deleted")
+            evidence.record("victim_pods_after_preemption", gone)
+            high_status = lab.wait_rayjob(high_ns, high, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+                                          timeout=timeouts.TRAINING_RUN, description="high-priority job finished")
+            low_status = lab.wait_rayjob(low_ns, low, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+                                         timeout=timeouts.TRAINING_RUN, description="preempted job readmitted and finished")
+            log.refresh()
+    finally:
+        stop.set()
+        sampler.join(timeout=10)
+    overlap = [s for s in samples if s.get("low_running") and s.get("high_running")]
+    restored = [e for e in log.events("checkpoint_restored") if e["ts"] > preempted_at]
+    evidence.record("samples", len(samples))
+    evidence.record("samples_with_both_gangs_running", overlap[:5])
+    evidence.record("checkpoint_before_preemption", ckpt["step"])
+    evidence.record("restored_step", restored[0]["step"] if restored else None)
+    evidence.record("high", {k: high_status.get(k) for k in ("jobStatus", "jobDeploymentStatus")})
+    evidence.record("low", {k: low_status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "failed")})
+    assert high_status.get("jobStatus") == "SUCCEEDED", f"the high-priority job {high} ended {high_status}"
+    assert not overlap, f"pods of both gangs ran at the same time ({len(overlap)} samples, first {overlap[0]})"
+    assert restored, f"the preempted job {low} did not restore a checkpoint after readmission (started from step 0)"
+    assert restored[0]["step"] >= ckpt["step"], (
+        f"the preempted job resumed from step {restored[0]['step']}, older than its checkpoint {ckpt['step']} "
+        "taken before the preemption")
+    assert low_status.get("jobStatus") == "SUCCEEDED", f"the preempted job {low} ended {low_status}"
