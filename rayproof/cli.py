@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# fixtures.kube.PREFLIGHT_EXIT: pytest ended before any clause (bad options or preflight).
+PREFLIGHT_EXIT = 4
 
 
 def _pytest(args: list[str]) -> int:
@@ -62,6 +64,22 @@ def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
     from reports import summary as summary_mod
 
+    if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
+        print(f"rayproof: kubeconfig {args.kubeconfig} does not exist; pass the path of a kubeconfig file "
+              "(or omit --kubeconfig to certify the embedded platform)", file=sys.stderr)
+        return 2
+    if args.kubeconfig and (args.platform_name or args.platform_profile):
+        print("rayproof: --platform-name and --platform-profile apply to the embedded platform, not to --kubeconfig",
+              file=sys.stderr)
+        return 2
+    if args.profile:
+        from conformance import profile as profile_mod
+
+        try:
+            profile_mod.load(args.profile)
+        except profile_mod.ProfileError as exc:
+            print(f"rayproof: bad profile: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.json"
@@ -75,6 +93,10 @@ def cmd_certify(args: argparse.Namespace) -> int:
             pytest_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     began = time.monotonic()
     rc = _pytest(pytest_args)
+    if rc == PREFLIGHT_EXIT:
+        print("rayproof: the cluster cannot be certified as it is (see the message above); nothing was created",
+              file=sys.stderr)
+        return rc
     if not results.exists():
         print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
         return rc or 1

@@ -1,0 +1,91 @@
+"""The certification profile's validation, the straggler transform, and the
+chaostoolkit experiments' consistency with the fault modules (no cluster needed)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from chaos import straggler
+from chaos.runner import EXPERIMENTS
+from conformance import profile as profile_mod
+from fixtures import manifests as mf
+
+
+def test_default_profile_is_valid() -> None:
+    p = profile_mod.load()
+    assert p.collective_timeout_s == 60
+    assert p.wait_for_pods_ready_s == 120
+    assert p.worker_gpus == 8
+    assert p["kueue"]["priorityClasses"] == {"low": "rayproof-low", "high": "rayproof-high"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"kueue": {"preemtion": "Never"}}, "field kueue.preemtion: unknown"),
+    ({"training": {"collectiveTimeout": "soon"}}, "field training.collectiveTimeout: must be a Go duration"),
+    ({"workers": {"gpus": -1}}, "field workers.gpus: must be an integer from 0 to 64"),
+    ({"kueue": {"priorityClasses": {"high": "rayproof-low"}}}, "kueue.priorityClasses.high: must differ from low"),
+    ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
+    ({"ray": {"headServiceType": "Ingress"}}, "field ray.headServiceType: must be one of ClusterIP"),
+])
+def test_bad_profiles_name_the_field(override: dict, message: str) -> None:
+    with pytest.raises(profile_mod.ProfileError, match=re.escape(message)):
+        profile_mod.load(override)
+
+
+def test_wait_for_pods_ready_can_be_declared_off(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("kueue:\n  waitForPodsReady: null\n")
+    assert profile_mod.load(f).wait_for_pods_ready_s is None
+
+
+def _job(workers: int = 2) -> dict:
+    p = profile_mod.load()
+    return mf.rayjob("j", {"rayproof.io/run": "r"}, "true", mf.raycluster_spec(p, {}, workers=workers), queue="team")
+
+
+def test_straggler_moves_one_replica_into_a_delayed_group() -> None:
+    job = straggler.with_straggler(_job(3), delay_s=40)
+    groups = {g["groupName"]: g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert groups["workers"]["replicas"] == 2 and groups[straggler.STRAGGLER_GROUP]["replicas"] == 1
+    init = groups[straggler.STRAGGLER_GROUP]["template"]["spec"]["initContainers"][0]
+    assert "sleep 40.0" in init["command"][-1]
+    assert mf.worker_count(job["spec"]["rayClusterSpec"]) == 3
+    # the gang Kueue sees is unchanged: same pods, same resources
+    assert job["metadata"]["labels"][mf.QUEUE_LABEL] == "team"
+
+
+def test_permanent_straggler_has_an_unpullable_image_and_original_is_untouched() -> None:
+    original = _job(2)
+    job = straggler.with_straggler(original, delay_s=None)
+    late = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][1]
+    assert late["template"]["spec"]["containers"][0]["image"] == straggler.UNPULLABLE_IMAGE
+    assert original["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+    with pytest.raises(ValueError, match="at least 2 replicas"):
+        straggler.with_straggler(_job(1), delay_s=10)
+
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.json")), ids=lambda p: p.stem)
+def test_experiment_calls_existing_functions_with_declared_variables(path: Path) -> None:
+    """Every activity names a real function of a chaos module, passes only
+    arguments it accepts (and every one it requires), and every ${var} it uses
+    is declared in the experiment's configuration."""
+    exp = json.loads(path.read_text())
+    declared = set(exp["configuration"])
+    activities = [*exp.get("steady-state-hypothesis", {}).get("probes", []), *exp["method"], *exp.get("rollbacks", [])]
+    assert exp["method"], f"{path.name} has an empty method"
+    for act in activities:
+        prov = act["provider"]
+        func = getattr(importlib.import_module(prov["module"]), prov["func"])
+        params = inspect.signature(func).parameters
+        args = prov.get("arguments", {})
+        assert set(args) <= set(params), f"{path.name}:{act['name']}: {set(args) - set(params)} not accepted by {func}"
+        required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
+        assert required <= set(args), f"{path.name}:{act['name']}: {required - set(args)} missing"
+        for value in args.values():
+            for var in re.findall(r"\$\{(\w+)\}", json.dumps(value)):
+                assert var in declared, f"{path.name}:{act['name']} uses undeclared ${{{var}}}"
