@@ -1,0 +1,1 @@
+"""Kueue admission clauses: gangs admitted whole or not at all, stragglers (ADM-*)."""

@@ -1,0 +1,105 @@
+"""Kueue admission of Ray gangs: all or nothing (ADM-1, ADM-2), and what happens
+to a gang one of whose workers is late (ADM-3) or never comes (ADM-4)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from conformance.admission.sampling import FINISHED, Sampler, compact, gang_of, gang_violations
+from conformance.training_jobs import gang_gpus
+from fixtures import manifests as mf
+from fixtures import timeouts
+from fixtures.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+HOLD_S = 40  # ADM-1: how long the first job holds its gang
+SHORT_HOLD_S = 15  # the other jobs' run time
+
+
+def hold_job(lab: Any, name: str, seconds: float) -> dict[str, Any]:
+    """A RayJob of the profile's gang shape (head + 2 workers) that holds it for ``seconds``."""
+    return mf.rayjob(name, lab.labels, mf.hold_entrypoint(seconds), mf.raycluster_spec(lab.profile, lab.labels),
+                     queue="team")
+
+
+def finished(sample: dict[str, Any], names: list[str]) -> bool:
+    return all(n in sample["jobs"] and sample["jobs"][n]["deploy"] in FINISHED for n in names)
+
+
+def holds(job: dict[str, Any]) -> bool:
+    """The job holds quota (admitted, not finished, not yet given back)."""
+    return bool(job["quota"] and not job["finished"] and job["deploy"] not in FINISHED)
+
+
+def epoch(stamp: str | None) -> float | None:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+def condition_at(samples: list[dict[str, Any]], job: str, kind: str, status: str = "True",
+                 reason: str | None = None) -> float | None:
+    """The lastTransitionTime (epoch s) of the first sampled ``kind`` condition of ``job`` in ``status``."""
+    for s in samples:
+        c = s["jobs"].get(job, {}).get("conditions", {}).get(kind)
+        if c and c["status"] == status and (reason is None or c["reason"] == reason):
+            return epoch(c["at"])
+    return None
+
+
+@pytest.mark.clause("ADM-1")
+def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
+    """A RayJob whose gang does not fit its ClusterQueue MUST stay suspended, with
+    none of its pods (gang or submitter) created, until the whole gang fits; then
+    it MUST be admitted and succeed. Checked with a ClusterQueue of one gang's
+    GPUs: job B, submitted while job A holds the gang, is sampled every second
+    until A gives the gang back (finishes, or is evicted and requeued)."""
+    ns = lab.namespace("a")
+    gang = gang_gpus(lab)
+    lab.queues([ns], gpus=gang)
+    a, b = lab.name("hold"), lab.name("wait")
+    sampler = Sampler(lab, {a: ns}, f"rp-{lab.key}")
+    evidence.record("queue_gpus", gang)
+    with evidence.phase("A admitted"):
+        body_a = lab.create_ray(ns, "rayjobs", hold_job(lab, a, HOLD_S))
+        wait_for(sampler.sample, lambda s: a in s["jobs"] and s["jobs"][a]["quota"],
+                 timeout=timeouts.CONTROLLER_RECONCILE, interval=1, description=f"RayJob {a} to be admitted")
+    with evidence.phase("B waits while A holds the gang"):
+        body_b = lab.create_ray(ns, "rayjobs", hold_job(lab, b, SHORT_HOLD_S))
+        sampler.jobs[b] = ns
+        wait_for(sampler.sample, lambda s: b in s["jobs"] and s["jobs"][b]["quota"], timeout=timeouts.TRAINING_RUN,
+                 interval=1, description=f"RayJob {b} to be admitted once {a} gives its gang back")
+    with evidence.phase("both finish"):
+        wait_for(sampler.sample, lambda s: finished(s, [a, b]), timeout=timeouts.TRAINING_RUN, interval=1,
+                 description=f"RayJobs {a} and {b} to finish")
+    samples = sampler.samples
+    evidence.record("samples", compact(samples))
+    gangs = {a: gang_of(body_a), b: gang_of(body_b)}
+    with_b = [s for s in samples if b in s["jobs"]]
+    b_admitted = next(s for s in with_b if s["jobs"][b]["quota"])
+    while_a = [s["jobs"][b] for s in with_b if holds(s["jobs"][a]) and s["t"] <= b_admitted["t"]]
+    a_last_held = max((s["t"] for s in with_b if holds(s["jobs"][a]) and s["t"] < b_admitted["t"]), default=None)
+    final = samples[-1]["jobs"]
+    a_released_by = {c: condition_at(samples, a, c) for c in ("Evicted", "Finished")}
+    evidence.record("b_samples_while_a_held", len(while_a))
+    evidence.record("b_while_a_held", {"max_pods": max((j["pods"] + j["submitter"] for j in while_a), default=None),
+                                       "always_suspended": all(j["suspend"] for j in while_a),
+                                       "ever_quota": any(j["quota"] for j in while_a)})
+    evidence.record("a_held_until_s", a_last_held)
+    evidence.record("b_admitted_at_s", b_admitted["t"])
+    evidence.record("a_gave_gang_back_by", {k: v and datetime.fromtimestamp(v).isoformat() for k, v in
+                                            a_released_by.items()})
+    evidence.record("a_requeues", max(int((s["jobs"][a]["requeue"] or {}).get("count") or 0) for s in samples))
+    evidence.record("outcome", {n: {"jobStatus": final[n]["job"], "deploy": final[n]["deploy"]} for n in (a, b)})
+    assert len(while_a) >= 10, f"only {len(while_a)} samples of {b} while {a} held the gang (expected >= 10)"
+    holding = [j for j in while_a if j["pods"] or j["submitter"] or j["terminating"] or not j["suspend"] or j["quota"]]
+    assert not holding, (
+        f"{b} was not fully suspended while {a} held the queue's only gang: expected suspend=true, no quota, no pods; "
+        f"saw {holding[:3]}")
+    assert a_last_held is not None and a_last_held < b_admitted["t"], (
+        f"{b} was admitted at t={b_admitted['t']}s, expected after {a} gave the gang back (last held t={a_last_held}s)")
+    violations = gang_violations(samples, gangs, gang)
+    assert not violations, f"partial gangs held: {violations[:5]}"
+    for n in (a, b):
+        assert final[n]["job"] == "SUCCEEDED", f"RayJob {n} ended {final[n]['job']} ({final[n]['deploy']}), expected SUCCEEDED"
