@@ -80,8 +80,8 @@ def _exposures(lab) -> list[str]:
         where = f"Service {svc.metadata.namespace}/{svc.metadata.name}"
         if svc.spec.type in ("NodePort", "LoadBalancer"):
             found.append(f"{where} is type {svc.spec.type} exposing {', '.join(w for _, w in ray_ports)}")
-        if svc.spec.external_i_ps:
-            found.append(f"{where} has externalIPs {svc.spec.external_i_ps}")
+        if svc.spec.external_ips:
+            found.append(f"{where} has externalIPs {svc.spec.external_ips}")
     ray_services = {(s.metadata.namespace, s.metadata.name) for s in lab.core.list_service_for_all_namespaces().items
                     if any(p.port in RAY_CONTROL_PORTS for p in s.spec.ports or [])}
     for ing in lab.net.list_ingress_for_all_namespaces().items:
