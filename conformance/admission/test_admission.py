@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
+from chaos import runner
 from conformance.admission.sampling import FINISHED, Sampler, compact, gang_of, gang_violations
-from conformance.training_jobs import gang_gpus
+from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
 from fixtures import timeouts
+from fixtures.events import parse_events
 from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -103,3 +105,101 @@ def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
     assert not violations, f"partial gangs held: {violations[:5]}"
     for n in (a, b):
         assert final[n]["job"] == "SUCCEEDED", f"RayJob {n} ended {final[n]['job']} ({final[n]['deploy']}), expected SUCCEEDED"
+
+
+def first_sample(samples: list[dict[str, Any]], job: str, check) -> dict[str, Any] | None:
+    return next((s for s in samples if job in s["jobs"] and check(s, s["jobs"][job])), None)
+
+
+@pytest.mark.clause("ADM-4")
+def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_path) -> None:
+    """When one worker of an admitted gang can never start (its image cannot be
+    pulled), Kueue's waitForPodsReady MUST evict the Workload (Evicted, reason
+    PodsReadyTimeout) and within the profile's waitForPodsReady timeout plus 60 s
+    slack from admission all of the gang's pods MUST be gone and its quota
+    released (the ClusterQueue reserves nothing), the Workload MUST be requeued
+    after its back-off, and no training step MUST run with a partial world (the
+    driver never starts). A platform with waitForPodsReady off fails: nothing
+    would evict a gang stuck short of Ready."""
+    wfpr = evidence.record("wait_for_pods_ready", lab.profile["kueue"]["waitForPodsReady"])
+    if not wfpr:
+        pytest.fail("kueue.waitForPodsReady is off on this platform (profile value null): nothing evicts a gang "
+                    "stuck short of Ready, so a gang with an unpullable worker holds its GPUs indefinitely")
+    timeout_s = lab.profile.wait_for_pods_ready_s
+    backoff_s = lab.profile.seconds("kueue.waitForPodsReady.backoffBase")
+    bound = timeout_s + timeouts.FAIL_FAST_SLACK.seconds
+    evidence.record("bound_s", bound)
+    ns = lab.namespace("a")
+    gang = gang_gpus(lab)
+    lab.queues([ns], gpus=gang)
+    name = lab.name("stuck")
+    job = training_rayjob(lab, name, steps=4)
+    job["metadata"]["namespace"] = ns
+    sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
+    with evidence.phase("inject and observe"), sampler.in_background(1.0):
+        journal = runner.run("straggler", {
+            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "rayjob": job, "rayjob_name": name,
+            "delay_s": None, "wait_for": "requeued", "within_s": bound}, journal_path=tmp_path / "journal.json")
+    evidence.record("experiment", runner.summary(journal))
+    evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+    outcome = evidence.record("outcome", runner.output(journal, "outcome"))
+    samples = sampler.samples
+    evidence.record("samples", compact(samples))
+    evidence.record("sampler_errors", sampler.errors[:10])
+    admitted = first_sample(samples, name, lambda s, j: j["admitted"])
+    admitted_at = condition_at(samples, name, "Admitted")
+    evicted_at = condition_at(samples, name, "Evicted", reason="PodsReadyTimeout")
+    evicted = first_sample(samples, name, lambda s, j: j["evicted"])
+    first_pods = sorted({p for s in samples[:samples.index(evicted)] if name in s["jobs"]
+                         for p in s["jobs"][name]["pod_names"]}) if evicted else []
+    gone = evicted and first_sample(samples[samples.index(evicted):], name,
+                                    lambda s, j: not set(first_pods) & set(j["pod_names"]))
+    released = evicted and first_sample(samples[samples.index(evicted):], name,
+                                        lambda s, j: not j["quota"] and not s["cq"]["reserved_gpus"]
+                                        and not s["cq"]["reserving"])
+    requeued_at = next((epoch(s["jobs"][name]["conditions"]["Requeued"]["at"]) for s in samples
+                        if name in s["jobs"] and s["jobs"][name]["conditions"].get("Requeued", {}).get("status") == "True"
+                        and evicted_at and epoch(s["jobs"][name]["conditions"]["Requeued"]["at"]) >= evicted_at), None)
+    requeues = max((int((s["jobs"][name]["requeue"] or {}).get("count") or 0) for s in samples if name in s["jobs"]),
+                   default=0)
+
+    def since_admission(at: float | None) -> float | None:
+        return None if at is None or admitted_at is None else round(at - admitted_at, 1)
+
+    figures = evidence.record("figures", {
+        "evicted_after_admission_s": since_admission(evicted_at),
+        "pods_gone_after_admission_s": since_admission(gone and gone["wall"]),
+        "quota_released_after_admission_s": since_admission(released and released["wall"]),
+        "requeued_after_eviction_s": None if None in (requeued_at, evicted_at) else round(requeued_at - evicted_at, 1),
+        "requeue_count": requeues, "evicted_pods": first_pods,
+        "pull_states": sorted({w for s in samples if name in s["jobs"] for w in s["jobs"][name]["waiting"]}),
+        "max_ready_pods": max((s["jobs"][name]["ready"] for s in samples if name in s["jobs"]), default=0),
+        "max_submitter_pods": max((s["jobs"][name]["submitter"] for s in samples if name in s["jobs"]), default=0),
+        "released_sample": released and {"t": released["t"], "cq": released["cq"]},
+    })
+    assert admitted and admitted_at, f"the Workload of {name} was never seen admitted (samples: {len(samples)})"
+    assert outcome["evicted"]["reached"] and evicted_at, (
+        f"the Workload of {name} was not evicted for PodsReadyTimeout within {bound:g} s of submission; "
+        f"its conditions: {outcome['evicted']['conditions']}")
+    assert figures["evicted_after_admission_s"] <= bound, (
+        f"evicted {figures['evicted_after_admission_s']} s after admission, beyond waitForPodsReady "
+        f"{timeout_s:g} s + {timeouts.FAIL_FAST_SLACK.seconds:g} s slack")
+    assert gone and figures["pods_gone_after_admission_s"] <= bound, (
+        f"the evicted gang's pods {first_pods} were not all gone within {bound:g} s of admission "
+        f"(gone after {figures['pods_gone_after_admission_s']} s)")
+    assert released and figures["quota_released_after_admission_s"] <= bound, (
+        f"the ClusterQueue did not release the evicted gang's quota within {bound:g} s of admission "
+        f"(released after {figures['quota_released_after_admission_s']} s; last usage {samples[-1]['cq']})")
+    assert outcome["requeued"]["reached"] and requeues >= 1 and requeued_at, (
+        f"the evicted Workload was not requeued (Requeued condition {outcome['requeued']['conditions']}, "
+        f"requeueState count {requeues})")
+    assert figures["requeued_after_eviction_s"] >= backoff_s - 1, (
+        f"requeued {figures['requeued_after_eviction_s']} s after eviction, expected a back-off of at least "
+        f"{backoff_s:g} s (backoffBase)")
+    gang_pods = gang_of(job)["pods"]
+    assert figures["max_ready_pods"] < gang_pods, (
+        f"{figures['max_ready_pods']} of {gang_pods} gang pods were Ready at once: the unpullable worker was not stuck")
+    assert figures["max_submitter_pods"] == 0, (
+        f"a driver started (submitter pods {figures['max_submitter_pods']}) although the gang was never whole")
+    steps = parse_events(sampler.driver_logs.get(name, ""))
+    assert not [e for e in steps if e["event"] == "step"], f"training steps ran with a partial world: {steps}"
