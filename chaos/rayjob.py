@@ -24,6 +24,14 @@ STATES = {
 }
 
 
+def none_hanging(kubeconfig: str, namespace: str) -> bool:
+    """Steady state: no RayJob in ``namespace`` is running (none exist, or all
+    have ended or wait suspended). A RayJob left Running after its method's
+    wait is the hang the fail-fast clauses are about."""
+    jobs = _kube.custom(kubeconfig).list_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs").get("items", [])
+    return not [j for j in jobs if (j.get("status") or {}).get("jobDeploymentStatus") == "Running"]
+
+
 def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any]) -> str:
     _kube.custom(kubeconfig).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
     return rayjob["metadata"]["name"]
