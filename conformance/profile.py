@@ -106,7 +106,7 @@ SCHEMA: dict[str, Any] = {
     },
     "gcsFaultTolerance": {"enabled": boolean, "redisImage": _image},
     "serving": {"availabilityTarget": _fraction},
-    "operations": {"teardownWithin": duration(positive=True)},
+    "operations": {"ttlSecondsAfterFinished": int_range(0, 86400), "teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
 }
 

@@ -8,7 +8,7 @@ import pytest
 
 from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob
 from fixtures import timeouts
-from fixtures.waiting import wait_for
+from fixtures.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,9 +69,15 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
         with evidence.phase("observe"):
             def victim_workload() -> list[dict]:
                 return [c for w in lab.workloads(low_ns) for c in (w.get("status") or {}).get("conditions") or []]
-            conds = wait_for(victim_workload, lambda cs: any(c["type"] == "Preempted" and c["status"] == "True" for c in cs),
-                             timeout=timeouts.CONTROLLER_RECONCILE, interval=1,
-                             description=f"the Workload of {low} to show Preempted")
+            try:
+                conds = wait_for(victim_workload,
+                                 lambda cs: any(c["type"] == "Preempted" and c["status"] == "True" for c in cs),
+                                 timeout=timeouts.CONTROLLER_RECONCILE, interval=1,
+                                 description=f"the Workload of {low} to show Preempted")
+            except WaitTimeout as exc:
+                pytest.fail(f"the higher-priority RayJob {high} did not preempt the running lower-priority gang {low} "
+                            f"within {timeouts.CONTROLLER_RECONCILE.seconds:g} s (ClusterQueue preemption policy "
+                            f"{lab.profile['kueue']['preemption']}); the victim's conditions: {exc.last_value}")
             evidence.record("victim_conditions", [{k: c.get(k) for k in ("type", "status", "reason")} for c in conds])
             gone = wait_for(lambda: [p.metadata.name for p in lab.pods(low_ns, "ray.io/node-type")],
                             lambda left: not left, timeout=timeouts.OBJECT_DELETE, interval=1,

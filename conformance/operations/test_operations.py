@@ -10,7 +10,8 @@ import pytest
 from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures import timeouts
-from fixtures.waiting import wait_for
+from fixtures.timeouts import Tier
+from fixtures.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,8 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
     cq = f"rp-{lab.key}"
     name = lab.name("ops1")
     spec = mf.raycluster_spec(lab.profile, lab.labels, workers=2)
-    lab.create_ray(ns, "rayjobs", mf.rayjob(name, lab.labels, mf.hold_entrypoint(5), spec, queue="team"))
+    lab.create_ray(ns, "rayjobs", mf.rayjob(name, lab.labels, mf.hold_entrypoint(5), spec, queue="team",
+                                            ttl_s=int(lab.profile["operations"]["ttlSecondsAfterFinished"])))
     status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
                              timeout=timeouts.RAYCLUSTER_READY, description="finished")
     assert status.get("jobStatus") == "SUCCEEDED", f"the hold job {name} itself failed: {status}"
@@ -56,9 +58,16 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
         cq_obj = lab.custom.get_cluster_custom_object(mf.KUEUE, mf.KUEUE_VERSION, "clusterqueues", cq)
         return {"rayclusters": clusters, "pods": pods, "gpus_reserved": _gpu_reserved(cq_obj)}
 
-    left = wait_for(leftovers, lambda v: not v["rayclusters"] and not v["pods"] and v["gpus_reserved"] == 0,
-                    timeout=timeouts.OBJECT_DELETE, interval=0.5,
-                    description=f"RayJob {name}'s cluster {cluster} gone and its GPUs returned")
+    # Waits past the bound (by the deletion tier) so a slow teardown is measured, not just flagged.
+    patience = Tier("teardown", bound_s + timeouts.OBJECT_DELETE.seconds, "a finished RayJob's cluster torn down")
+    try:
+        left = wait_for(leftovers, lambda v: not v["rayclusters"] and not v["pods"] and v["gpus_reserved"] == 0,
+                        timeout=patience, interval=0.5,
+                        description=f"RayJob {name}'s cluster {cluster} gone and its GPUs returned")
+    except WaitTimeout as exc:
+        evidence.record("final_state", exc.last_value)
+        pytest.fail(f"RayJob {name}'s cluster {cluster} was still there {time.time() - ended:.0f} s after the job "
+                    f"ended (bound {bound_s:g} s): its GPUs stayed held by an idle cluster; left: {exc.last_value}")
     gone_after = round(time.time() - ended, 1)
     evidence.record("teardown_after_end_s", gone_after)
     evidence.record("bound_s", bound_s)

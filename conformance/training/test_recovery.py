@@ -21,14 +21,19 @@ CHECKPOINT_SETTLE_S = 4.0
 @pytest.mark.clause("TRN-1")
 def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, tmp_path) -> None:
     """A worker pod deleted while collectives are in flight MUST be detected and
-    the worker group restarted within the platform's collective timeout plus
-    60 s slack; Ray Train MUST resume from the latest checkpoint (first step
+    the worker group restarted within the platform's collective timeout (itself
+    at most the profile's maxCollectiveTimeout) plus 60 s slack; Ray Train MUST resume from the latest checkpoint (first step
     after the restart = checkpoint step + 1), losing at most one checkpoint
     interval of steps, and the RayJob MUST succeed with every step done."""
     profile = lab.profile
     every = int(profile["training"]["checkpointEvery"])
     timeout_s = profile.collective_timeout_s
     slack = timeouts.FAIL_FAST_SLACK.seconds
+    bound_s = profile.seconds("training.maxCollectiveTimeout")
+    evidence.record("collective_timeout_s", timeout_s)
+    assert timeout_s <= bound_s, (
+        f"the platform's collective timeout is {timeout_s:g} s, above the fail-fast bound of {bound_s:g} s: a rank "
+        f"lost mid-all-reduce can leave the others blocked for {timeout_s / 60:.0f} min before anything restarts")
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     name = lab.name("trn1")
