@@ -63,9 +63,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
             lines += ["```", cl["message"].strip()[:3000], "```", ""]
         if cl["evidence"]:
             lines += ["| evidence | value |", "| --- | --- |"]
-            lines += [f"| {k} | `{json.dumps(v, default=str)}` |" for k, v in sorted(cl["evidence"].items())]
+            lines += [f"| {k} | `{_cell(v)}` |" for k, v in sorted(cl["evidence"].items())]
             lines.append("")
     return "\n".join(lines)
+
+
+def _cell(value: Any, limit: int = 600) -> str:
+    """An evidence value for a Markdown table cell (long ones are cut; the JSON has them whole)."""
+    text = json.dumps(value, default=str).replace("|", "\\|").replace("`", "'")
+    return text if len(text) <= limit else text[:limit] + " ... (full value in certification.json)"
 
 
 def write(results_path: Path, platform: dict[str, Any], out_dir: Path) -> dict[str, Any]:

@@ -107,6 +107,48 @@ def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
         assert final[n]["job"] == "SUCCEEDED", f"RayJob {n} ended {final[n]['job']} ({final[n]['deploy']}), expected SUCCEEDED"
 
 
+@pytest.mark.clause("ADM-2")
+def test_teams_sharing_a_queue_get_whole_gangs(lab, evidence) -> None:
+    """When three teams (three namespaces, each with its own LocalQueue on one
+    ClusterQueue sized for two gangs) submit RayJobs at once that together exceed
+    it, at every sampled moment each admitted job MUST have quota for its whole
+    gang and all its pods once running, no job MUST hold pods or quota for part
+    of a gang, no more than two gangs MUST hold the queue, and all three jobs
+    MUST eventually succeed."""
+    teams = ["a", "b", "c"]
+    namespaces = [lab.namespace(t) for t in teams]
+    gang = gang_gpus(lab)
+    lab.queues(namespaces, gpus=2 * gang)
+    jobs = {lab.name(f"team{t}"): ns for t, ns in zip(teams, namespaces)}
+    sampler = Sampler(lab, jobs, f"rp-{lab.key}")
+    evidence.record("queue_gpus", 2 * gang)
+    with evidence.phase("submit"):
+        bodies = {n: lab.create_ray(ns, "rayjobs", hold_job(lab, n, SHORT_HOLD_S)) for n, ns in jobs.items()}
+    with evidence.phase("run"):
+        wait_for(sampler.sample, lambda s: finished(s, list(jobs)), timeout=timeouts.TRAINING_RUN, interval=1,
+                 description="all three teams' RayJobs to finish")
+    samples = sampler.samples
+    evidence.record("samples", compact(samples))
+    gangs = {n: gang_of(b) for n, b in bodies.items()}
+    holding = [sum(1 for j in s["jobs"].values() if j["quota"] and not j["finished"]) for s in samples]
+    queued = [s["t"] for s in samples
+              if sum(1 for j in s["jobs"].values() if j["quota"] and not j["finished"]) == 2
+              and any(j["suspend"] and not j["quota"] and not j["pods"] for j in s["jobs"].values())]
+    final = samples[-1]["jobs"]
+    evidence.record("sample_count", len(samples))
+    evidence.record("max_concurrent_admitted_gangs", max(holding))
+    evidence.record("samples_two_running_one_queued", len(queued))
+    evidence.record("outcome", {n: {"jobStatus": j["job"], "deploy": j["deploy"]} for n, j in final.items()})
+    violations = gang_violations(samples, gangs, 2 * gang)
+    evidence.record("violations", violations[:20])
+    assert not violations, f"partial gangs held ({len(violations)} sampled): {violations[:5]}"
+    assert max(holding) == 2, (
+        f"expected two gangs admitted at once on a queue sized for two, saw at most {max(holding)}")
+    assert queued, "no sample showed two gangs admitted and the third waiting suspended with no pods"
+    failed = {n: j["job"] for n, j in final.items() if j["job"] != "SUCCEEDED"}
+    assert not failed, f"expected all three RayJobs SUCCEEDED, these ended otherwise: {failed}"
+
+
 def first_sample(samples: list[dict[str, Any]], job: str, check) -> dict[str, Any] | None:
     return next((s for s in samples if job in s["jobs"] and check(s, s["jobs"][job])), None)
 
@@ -203,3 +245,59 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         f"a driver started (submitter pods {figures['max_submitter_pods']}) although the gang was never whole")
     steps = parse_events(sampler.driver_logs.get(name, ""))
     assert not [e for e in steps if e["event"] == "step"], f"training steps ran with a partial world: {steps}"
+
+
+@pytest.mark.clause("ADM-3")
+def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_path) -> None:
+    """When one worker of an admitted gang becomes Ready late (a slow image pull,
+    here 40 s), training MUST wait for it: the worker group starts and every step
+    runs with the full world size, never a partial one, and the job succeeds. The
+    accelerator time the early workers held idle while waiting is reported in
+    GPU-hours and money (profile cost.gpuHourPrice)."""
+    delay_s, workers = 40, 2
+    ns = lab.namespace("a")
+    lab.queues([ns], gpus=gang_gpus(lab, workers))
+    name = lab.name("late")
+    job = training_rayjob(lab, name, workers=workers, steps=6)
+    job["metadata"]["namespace"] = ns
+    sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
+    with evidence.phase("inject and observe"), sampler.in_background(1.0):
+        journal = runner.run("straggler", {
+            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "rayjob": job, "rayjob_name": name,
+            "delay_s": delay_s, "wait_for": "finished", "within_s": timeouts.TRAINING_RUN.seconds},
+            journal_path=tmp_path / "journal.json")
+    evidence.record("experiment", runner.summary(journal))
+    evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+    outcome = evidence.record("rayjob", runner.output(journal, "outcome"))
+    events = parse_events(sampler.driver_logs.get(name, ""))
+    started = [e for e in events if e["event"] == "worker_group_started"]
+    steps = [e for e in events if e["event"] == "step"]
+    clusters = sorted({v["cluster"] for v in sampler.pod_ready.values() if v["job"] == name})
+    evidence.record("rayclusters", clusters)  # more than one: the gang was evicted and requeued
+    gpu_pods = {p: v for p, v in sampler.pod_ready.items()
+                if v["job"] == name and v["gpus"] and clusters and v["cluster"] == outcome["status"]["rayClusterName"]}
+    ready = {p: epoch(v["ready"]) for p, v in gpu_pods.items()}
+    evidence.record("worker_ready", {p: v["ready"] for p, v in gpu_pods.items()})
+    evidence.record("world_sizes", {"worker_group_started": [e["world_size"] for e in started],
+                                    "steps": [e["world_size"] for e in steps]})
+    assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
+        f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
+        f"expected SUCCEEDED")
+    assert len(ready) == workers and None not in ready.values(), (
+        f"expected Ready times for {workers} GPU worker pods, sampled {ready}")
+    last = max(ready.values())
+    idle_s = sum((last - ready[p]) * v["gpus"] for p, v in gpu_pods.items())
+    price, currency = float(lab.profile["cost"]["gpuHourPrice"]), lab.profile["cost"]["currency"]
+    evidence.record("straggler_lag_s", round(last - min(ready.values()), 1))
+    evidence.record("idle_gpu_seconds", round(idle_s, 1))
+    evidence.record("idle_gpu_hours", round(idle_s / 3600, 4))
+    evidence.record("idle_cost", {"amount": round(idle_s / 3600 * price, 4), "currency": currency,
+                                  "gpu_hour_price": price})
+    assert last - min(ready.values()) >= delay_s / 2, (
+        f"the straggler was Ready only {last - min(ready.values()):.0f} s after the first worker; the {delay_s} s "
+        f"delay did not take effect, so the clause observed nothing")
+    assert started and all(e["world_size"] == workers for e in started), (
+        f"expected the worker group to start with world size {workers}, saw {started}")
+    assert steps and all(e["world_size"] == workers for e in steps), (
+        f"expected every step with world size {workers}, saw {[(e['step'], e['world_size']) for e in steps]}")
+    assert steps[0]["step"] == 1 and len(steps) == 6, f"expected steps 1..6, saw {[e['step'] for e in steps]}"

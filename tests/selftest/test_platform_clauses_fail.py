@@ -68,23 +68,46 @@ def default_platform(target) -> Any:
     return target
 
 
-@pytest.fixture(scope="module")
-def broken_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """Module scope; an embedded platform whose Kueue has no waitForPodsReady and
-    whose pod network enforces no NetworkPolicy; taken down at teardown."""
-    name = "selftest-broken"
-    profile = tmp_path_factory.mktemp("broken") / "platform-profile.yaml"
-    profile.write_text(yaml.safe_dump({"kueue": {"waitForPodsReady": {"enable": False}},
-                                       "network": {"enforceNetworkPolicy": False}}))
-    target = EmbeddedTarget.start(name=name, profile=profile, progress=print)
+def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, profile: dict) -> Iterator[tuple[str, Path]]:
+    """An embedded platform started with ``profile`` over the defaults; taken down at the end."""
+    path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    target = EmbeddedTarget.start(name=name, profile=path, progress=print)
     try:
-        yield name, profile
+        yield name, path
     finally:
         target.platform.down()
 
 
+@pytest.fixture(scope="module")
+def broken_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Module scope; Kueue without waitForPodsReady and a pod network that
+    enforces no NetworkPolicy (a flannel-like CNI); taken down at teardown."""
+    yield from misconfigured_platform(tmp_path_factory, "selftest-broken",
+                                      {"kueue": {"waitForPodsReady": {"enable": False}},
+                                       "network": {"enforceNetworkPolicy": False}})
+
+
+@pytest.fixture(scope="module")
+def unmanaged_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Module scope; Kueue without the ray.io/rayjob integration (RayJobs bypass
+    admission); taken down at teardown."""
+    yield from misconfigured_platform(tmp_path_factory, "selftest-unmanaged",
+                                      {"kueue": {"integrations": ["batch/job", "ray.io/raycluster"]}})
+
+
+# -- described by the profile, on the default platform ----------------------------------
+
+
 def test_net1_fails_when_the_collective_timeout_is_left_at_30_minutes(default_platform, tmp_path) -> None:
     row = run_clause(tmp_path, "conformance/network/test_network.py::test_policy_blocking_collectives_fails_training_fast",
+                     profile={"training": {"collectiveTimeout": "1800s"}})
+    expect_failure(row, "above the fail-fast bound")
+
+
+def test_trn1_fails_when_the_collective_timeout_is_left_at_30_minutes(default_platform, tmp_path) -> None:
+    row = run_clause(tmp_path, "conformance/training/test_recovery.py::"
+                               "test_worker_preempted_mid_allreduce_resumes_from_checkpoint",
                      profile={"training": {"collectiveTimeout": "1800s"}})
     expect_failure(row, "above the fail-fast bound")
 
@@ -95,6 +118,28 @@ def test_sec1_fails_when_the_dashboard_is_on_a_node_port(default_platform, tmp_p
     expect_failure(row, "is type NodePort")
 
 
+def test_ops1_fails_when_finished_clusters_are_kept_for_ten_minutes(default_platform, tmp_path) -> None:
+    row = run_clause(tmp_path, "conformance/operations/test_operations.py::test_finished_rayjob_cluster_is_torn_down",
+                     profile={"operations": {"ttlSecondsAfterFinished": 600}})
+    expect_failure(row, "stayed held by an idle cluster")
+
+
+def test_adm5_fails_when_queues_never_preempt(default_platform, tmp_path) -> None:
+    row = run_clause(tmp_path, "conformance/admission/test_preemption.py::"
+                               "test_higher_priority_job_preempts_whole_gang_and_victim_resumes",
+                     profile={"kueue": {"preemption": "Never"}})
+    expect_failure(row, "did not preempt")
+
+
+def test_gcs1_fails_without_gcs_fault_tolerance(default_platform, tmp_path) -> None:
+    row = run_clause(tmp_path, "conformance/gcs/test_gcs.py::test_head_oom_keeps_rayservice_available",
+                     profile={"gcsFaultTolerance": {"enabled": False}})
+    expect_failure(row, "below the target")
+
+
+# -- misconfigured platforms ------------------------------------------------------------
+
+
 def test_net3_fails_and_net1_is_not_applicable_without_policy_enforcement(broken_platform, tmp_path) -> None:
     name, platform_profile = broken_platform
     row = run_clause(tmp_path, "conformance/network/test_network.py::test_network_policy_is_enforced",
@@ -103,3 +148,17 @@ def test_net3_fails_and_net1_is_not_applicable_without_policy_enforcement(broken
     row = run_clause(tmp_path / "net1", "conformance/network/test_network.py::test_policy_blocking_collectives_fails_training_fast",
                      platform=name, platform_profile=platform_profile)
     assert row["outcome"] == "not_applicable", f"NET-1 {row['outcome']} where NetworkPolicy is not enforced: {row['message']}"
+
+
+def test_adm4_fails_when_kueue_has_no_wait_for_pods_ready(broken_platform, tmp_path) -> None:
+    name, platform_profile = broken_platform
+    row = run_clause(tmp_path, "conformance/admission/test_admission.py::test_gang_that_never_gets_ready_is_evicted_and_requeued",
+                     platform=name, platform_profile=platform_profile)
+    expect_failure(row, "was not evicted for PodsReadyTimeout")
+
+
+def test_adm1_fails_when_kueue_does_not_manage_rayjobs(unmanaged_platform, tmp_path) -> None:
+    name, platform_profile = unmanaged_platform
+    row = run_clause(tmp_path, "conformance/admission/test_admission.py::test_gang_that_does_not_fit_stays_suspended",
+                     platform=name, platform_profile=platform_profile)
+    expect_failure(row, "Kueue does not manage RayJobs")
