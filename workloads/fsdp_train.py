@@ -22,6 +22,7 @@ the standard library.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -270,12 +271,34 @@ def failure_reason(exc: BaseException) -> str:
     return chosen[:500]
 
 
+def marked_torch_config(backend: str, timeout_s: int):
+    """``TorchConfig(backend, timeout_s)`` that also emits ``process_group_setup``
+    when Ray Train starts setting up the process group (after the worker
+    actors exist): the moment the collective timeout starts to count, so a
+    fail-fast check can leave worker start-up out of it."""
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _TorchBackend  # the backend TorchConfig uses (Ray 2.60)
+
+    class MarkedBackend(_TorchBackend):
+        def on_start(self, worker_group, backend_config):
+            emit("process_group_setup", backend=backend_config.backend, timeout_s=backend_config.timeout_s)
+            super().on_start(worker_group, backend_config)
+
+    @dataclasses.dataclass
+    class MarkedTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return MarkedBackend
+
+    return MarkedTorchConfig(backend=backend, timeout_s=timeout_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
 
     if __name__ != "__main__" and __name__ in sys.modules:
         # Ship this module's code to the workers by value, so a cluster that
@@ -296,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         train_loop_per_worker,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=args.world_size, use_gpu=use_gpu, resources_per_worker=_resources(args)),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=args.timeout_s),
+        torch_config=marked_torch_config("nccl" if use_gpu else "gloo", args.timeout_s),
         run_config=RunConfig(
             name=args.name,
             storage_path=args.storage_path,

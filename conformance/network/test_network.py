@@ -42,8 +42,9 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
     """A NetworkPolicy that blocks worker-to-worker traffic, applied before a
     training RayJob starts, MUST make the job fail within the platform's
     collective timeout (itself at most the profile's maxCollectiveTimeout) plus
-    60 s slack, with a failure reason that names the timeout, and the RayJob
-    MUST reach the Failed state instead of hanging."""
+    60 s slack, counted from when its process group begins to form, with a
+    failure reason that names the timeout, and the RayJob MUST reach the Failed
+    state instead of hanging."""
     require_enforcement(network_policy_enforcement, evidence)
     timeout_s, bound_s = fail_fast_bound(lab.profile)
     evidence.record("collective_timeout_s", timeout_s)
@@ -76,9 +77,13 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
         f"RayJob {name} ended {outcome['status']} although its workers could not reach each other")
     assert failures, f"the driver of {name} reported no failure event; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
     failure = failures[-1]
-    assert failure["seconds"] <= timeout_s + slack, (
-        f"training failed {failure['seconds']} s after it started, beyond the collective timeout {timeout_s:g} s "
-        f"+ {slack:g} s slack")
+    setups = driver_events(lab, ns, name, "process_group_setup")
+    assert setups, f"the driver never reported the process-group setup; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
+    failed_after = evidence.record("failed_after_process_group_setup_s", round(failure["ts"] - setups[0]["ts"], 1))
+    evidence.record("failed_after_fit_start_s", failure["seconds"])
+    assert failed_after <= timeout_s + slack, (
+        f"training failed {failed_after} s after its process group began to form, beyond the collective timeout "
+        f"{timeout_s:g} s + {slack:g} s slack")
     assert "timed out" in failure["reason"].lower() or "timeout" in failure["reason"].lower(), (
         f"the failure reason does not name the timeout: {failure['reason']}")
     assert not steps, f"{len(steps)} training steps ran although the collectives were blocked"

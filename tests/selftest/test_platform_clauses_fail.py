@@ -120,7 +120,7 @@ def test_sec1_fails_when_the_dashboard_is_on_a_node_port(default_platform, tmp_p
 
 def test_ops1_fails_when_finished_clusters_are_kept_for_ten_minutes(default_platform, tmp_path) -> None:
     row = run_clause(tmp_path, "conformance/operations/test_operations.py::test_finished_rayjob_cluster_is_torn_down",
-                     profile={"operations": {"ttlSecondsAfterFinished": 600}})
+                     profile={"operations": {"ttlSecondsAfterFinished": 600, "teardownWithin": "20s"}})
     expect_failure(row, "stayed held by an idle cluster")
 
 
@@ -152,7 +152,10 @@ def test_net3_fails_and_net1_is_not_applicable_without_policy_enforcement(broken
 
 def test_adm4_fails_when_kueue_has_no_wait_for_pods_ready(broken_platform, tmp_path) -> None:
     name, platform_profile = broken_platform
+    # The profile promises a 30 s waitForPodsReady (so the clause gives up after 30 + 60 s);
+    # the platform has none.
     row = run_clause(tmp_path, "conformance/admission/test_admission.py::test_gang_that_never_gets_ready_is_evicted_and_requeued",
+                     profile={"kueue": {"waitForPodsReady": {"timeout": "30s", "backoffBase": "10s"}}},
                      platform=name, platform_profile=platform_profile)
     expect_failure(row, "was not evicted for PodsReadyTimeout")
 

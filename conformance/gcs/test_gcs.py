@@ -1,0 +1,520 @@
+"""The Ray head runs out of memory: does GCS fault tolerance keep a RayService
+answering through it (GCS-1), and does the damage stay inside the team whose
+head it was (GCS-2)."""
+from __future__ import annotations
+
+import contextlib
+import shlex
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from chaos import runner
+from fixtures import manifests as mf
+from fixtures import timeouts
+from fixtures.events import parse_events
+from fixtures.kube import condition
+from fixtures.timeouts import Tier
+from fixtures.waiting import WaitTimeout, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SERVE_CONFIG = REPO / "workloads" / "serve_config.yaml"
+LOAD_GEN = REPO / "workloads" / "load_gen.py"
+LOADGEN_CONFIGMAP = "rayproof-loadgen"
+LOADGEN_MOUNT = "/opt/rayproof-loadgen"
+REDIS_PORT = 6379
+SERVE_PORT = 8000
+LOAD_RATE = 10.0  # requests per second during the whole event
+REQUEST_TIMEOUT_S = 2.0
+TAIL_S = 15.0  # the availability window runs this long past the head's Ready again
+PRESSURE_FACTOR = 4  # the pressure job aims at this multiple of the head's memory limit
+
+# The whole event: the pressure job's submitter starts and its driver fills the
+# head, the head is OOM-killed and restarted, Ray comes back and Serve recovers.
+EVENT = Tier("gcs_event", timeouts.RAYCLUSTER_READY.seconds + timeouts.SERVE_APP.seconds
+             + 2 * timeouts.CONTAINER_TRANSITION.seconds,
+             "a head OOM from the pressure job's submission until the cluster and its apps are back")
+SERVICE_UP = Tier("gcs_service_up", timeouts.RAYCLUSTER_READY.seconds + timeouts.SERVE_APP.seconds,
+                  "a RayService's cluster up and its Serve applications RUNNING")
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def head_memory_bytes(profile) -> int:
+    from kubernetes.utils import parse_quantity
+
+    return int(parse_quantity(profile["head"]["memory"]))
+
+
+def gcs_ft_enabled(profile) -> bool:
+    return bool(profile["gcsFaultTolerance"]["enabled"])
+
+
+def deploy_redis(lab, ns: str) -> str:
+    """A Redis Pod + Service in ``ns`` for GCS fault tolerance; returns its address (host:port)."""
+    name = "gcs-redis"
+    selector = {"app.kubernetes.io/name": name}
+    lab.core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {**lab.labels, **selector}},
+        "spec": {"containers": [{
+            "name": "redis", "image": lab.profile["gcsFaultTolerance"]["redisImage"],
+            # Without a bind address or password a stock redis-server answers
+            # only loopback clients ("protected mode"); the official image
+            # turns that off, so it is said here for any redis-server.
+            "command": ["redis-server", "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
+                        "--protected-mode", "no"],
+            "ports": [{"containerPort": REDIS_PORT}],
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
+            "readinessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 2}}]}})
+    lab.core.create_namespaced_service(ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": dict(lab.labels)},
+        "spec": {"selector": selector, "ports": [{"port": REDIS_PORT, "targetPort": REDIS_PORT}]}})
+    wait_for(lambda: lab.core.read_namespaced_pod(name, ns), lambda p: _pod_ready(p), timeout=timeouts.POD_START,
+             description=f"Redis pod {ns}/{name} to be Ready")
+    return f"{name}.{ns}.svc.cluster.local:{REDIS_PORT}"
+
+
+def cluster_spec(lab, ns: str, *, workers: int) -> dict[str, Any]:
+    """The profile's RayCluster spec, with GCS fault tolerance on a Redis in
+    ``ns`` when the profile says the platform uses it."""
+    redis = deploy_redis(lab, ns) if gcs_ft_enabled(lab.profile) else None
+    return mf.raycluster_spec(lab.profile, lab.labels, workers=workers, gcs_redis_address=redis)
+
+
+def _pod_ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def head_sample(lab, ns: str, cluster: str) -> dict[str, Any]:
+    """The head container of ``cluster``: restarts, last termination, Ready."""
+    pods = [p for p in lab.pods(ns, f"ray.io/cluster={cluster},ray.io/node-type=head")
+            if p.metadata.deletion_timestamp is None]
+    if not pods:
+        return {"head_pod": None, "restarts": None, "ready": False}
+    pod = min(pods, key=lambda p: p.metadata.creation_timestamp)
+    status = next(iter(pod.status.container_statuses or []), None)
+    last = status.last_state.terminated if status and status.last_state else None
+    return {"head_pod": pod.metadata.name, "head_uid": pod.metadata.uid,
+            "restarts": status.restart_count if status else None,
+            "last_reason": last.reason if last else None, "last_exit_code": last.exit_code if last else None,
+            "last_finished": last.finished_at.timestamp() if last and last.finished_at else None,
+            "running": bool(status and status.state and status.state.running), "ready": _pod_ready(pod)}
+
+
+def pod_restarts(lab, ns: str) -> dict[str, Any]:
+    """Every pod of ``ns`` by name: uid and total container restarts."""
+    return {p.metadata.name: {"uid": p.metadata.uid, "phase": p.status.phase,
+                              "restarts": sum(c.restart_count for c in p.status.container_statuses or [])}
+            for p in lab.pods(ns)}
+
+
+class Timeline:
+    """Samples ``observe()`` about once a second in a thread until the block ends."""
+
+    def __init__(self, observe: Callable[[], dict[str, Any]], description: str):
+        self.samples: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self._observe = observe
+        self._description = description
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=description, daemon=True)
+
+    def _sample(self) -> dict[str, Any]:
+        value = {"t": round(time.time(), 2), **self._observe()}
+        self.samples.append(value)
+        return value
+
+    def _run(self) -> None:
+        try:
+            wait_for(self._sample, lambda _: self._stop.is_set(), timeout=EVENT, interval=1,
+                     description=self._description)
+        except WaitTimeout as exc:
+            self.error = str(exc)
+
+    def __enter__(self) -> "Timeline":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def first(self, predicate: Callable[[dict[str, Any]], bool], after: float = 0.0) -> dict[str, Any] | None:
+        return next((s for s in self.samples if s["t"] >= after and predicate(s)), None)
+
+
+# -- Serve and its load ------------------------------------------------------------------
+
+
+def serve_config(replicas: int) -> str:
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    for app in config["applications"]:
+        for deployment in app.get("deployments", []):
+            deployment["num_replicas"] = replicas
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def service_sample(lab, ns: str, name: str) -> dict[str, Any]:
+    obj = lab.ray(ns, "rayservices", name)
+    st = obj.get("status") or {}
+    active = st.get("activeServiceStatus") or {}
+    pending = st.get("pendingServiceStatus") or {}
+    return {"cluster": active.get("rayClusterName"), "pending_cluster": pending.get("rayClusterName"),
+            "apps": {k: (v or {}).get("status") for k, v in (active.get("applicationStatuses") or {}).items()},
+            "service_ready": (condition(obj, "Ready") or {}).get("status"),
+            "last_update": st.get("lastUpdateTime")}
+
+
+def apps_running(sample: dict[str, Any]) -> bool:
+    return bool(sample["apps"]) and all(s == "RUNNING" for s in sample["apps"].values())
+
+
+def serve_endpoints(lab, ns: str, service: str) -> int:
+    ep = lab.core.read_namespaced_endpoints(service, ns)
+    return sum(len(s.addresses or []) for s in ep.subsets or [])
+
+
+def start_load(lab, ns: str, url: str, duration_s: float) -> str:
+    """A load-generator pod POSTing to ``url`` at LOAD_RATE for ``duration_s``;
+    its log has one RAYPROOF_EVENT line per second of load."""
+    lab.core.create_namespaced_config_map(ns, {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": LOADGEN_CONFIGMAP, "labels": dict(lab.labels)},
+        "data": {"load_gen.py": LOAD_GEN.read_text()}})
+    name = lab.name("load")
+    argv = ["python", f"{LOADGEN_MOUNT}/load_gen.py", "--target", url, "--rate", str(LOAD_RATE),
+            "--duration", str(int(duration_s)), "--timeout", str(REQUEST_TIMEOUT_S), "--concurrency", "16"]
+    lab.core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(lab.labels)},
+        "spec": {"restartPolicy": "Never", "volumes": [{"name": "loadgen", "configMap": {"name": LOADGEN_CONFIGMAP}}],
+                 "containers": [{
+                     "name": "load", "image": lab.profile.ray_image, "command": argv,
+                     "env": [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
+                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
+                     "volumeMounts": [{"name": "loadgen", "mountPath": LOADGEN_MOUNT, "readOnly": True}]}]}})
+    return name
+
+
+def load_seconds(lab, ns: str, pod: str) -> list[dict[str, Any]]:
+    log = lab.core.read_namespaced_pod_log(pod, ns)
+    return [e for e in parse_events(log) if e["event"] == "second"]
+
+
+def load_window(seconds: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """Requests started in [start, end): counts, availability, the worst second's p99."""
+    picked = [s for s in seconds if s["window_start"] + 1 > start and s["window_start"] < end]
+    ok = sum(s["ok"] for s in picked)
+    failed = sum(s["fail"] for s in picked)
+    p99 = [s["p99_ms"] for s in picked if s.get("p99_ms") is not None]
+    failing = [s["second"] for s in picked if s["fail"]]
+    return {"seconds": len(picked), "sent": ok + failed, "ok": ok, "failed": failed,
+            "availability": round(ok / (ok + failed), 4) if ok + failed else None,
+            "worst_second_p99_ms": max(p99) if p99 else None,
+            "median_second_p99_ms": sorted(p99)[len(p99) // 2] if p99 else None,
+            "failing_seconds": failing[:40]}
+
+
+@contextlib.contextmanager
+def deleted_first(lab, ns: str, plural: str, name: str):
+    """Deletes the Ray object at the end while its namespace (and its Redis)
+    still exist, so KubeRay's GCS-FT Redis cleanup Job can run before the namespace goes.
+
+    Foreground: the owner stays until its RayCluster is gone. Deleted in the
+    background, the owner disappears first and Kueue's Job webhook then
+    refuses KubeRay's Redis cleanup Job (it cannot find the Job's owner's
+    owner), leaving the RayCluster's finalizer -- and the namespace -- stuck."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            lab.custom.delete_namespaced_custom_object("ray.io", "v1", ns, plural, name,
+                                                       propagation_policy="Foreground")
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"],
+                     lambda items: not items, timeout=timeouts.OBJECT_DELETE,
+                     description=f"the RayClusters of {ns} to be deleted")
+
+
+def oom_figures(timeline: Timeline, before: dict[str, Any], submitted_at: float) -> dict[str, Any]:
+    """When the head was OOM-killed and Ready again, from the sampled timeline."""
+    killed = timeline.first(lambda s: (s.get("restarts") or 0) > before["restarts"]
+                            and s.get("last_reason") == "OOMKilled")
+    oom_at = (killed or {}).get("last_finished") or (killed or {}).get("t")
+    ready = timeline.first(lambda s: (s.get("restarts") or 0) > before["restarts"] and s.get("ready"),
+                           after=oom_at or submitted_at) if killed else None
+    return {"oom_sample": killed, "oom_at": oom_at, "ready_at": (ready or {}).get("t"),
+            "inject_to_oom_s": round(oom_at - submitted_at, 1) if oom_at else None,
+            "inject_to_head_ready_s": round(ready["t"] - submitted_at, 1) if ready else None,
+            "oom_to_head_ready_s": round(ready["t"] - oom_at, 1) if ready and oom_at else None}
+
+
+# -- clauses ---------------------------------------------------------------------------
+
+
+@pytest.mark.clause("GCS-1")
+def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
+    """When the Ray head of a RayService is pushed past its memory limit (a
+    head-pressure RayJob submitted to the running cluster), the head container
+    MUST end OOMKilled and be restarted, the RayService MUST keep answering with
+    availability at least the profile's serving target from the pressure job's
+    submission until the head is Ready again (plus a short tail), and its Serve
+    applications MUST be RUNNING again afterwards. With the profile's GCS fault
+    tolerance the cluster keeps its GCS state in a Redis in the namespace."""
+    target = float(lab.profile["serving"]["availabilityTarget"])
+    ft = gcs_ft_enabled(lab.profile)
+    evidence.record("gcs_fault_tolerance", ft)
+    evidence.record("availability_target", target)
+    ns = lab.namespace("a")
+    name = lab.name("gcs1")
+    with evidence.phase("deploy the RayService"):
+        spec = cluster_spec(lab, ns, workers=1)
+        lab.create_ray(ns, "rayservices", {"apiVersion": "ray.io/v1", "kind": "RayService",
+                                           "metadata": {"name": name},
+                                           "spec": {"serveConfigV2": serve_config(1), "rayClusterConfig": spec}})
+    with deleted_first(lab, ns, "rayservices", name):
+        with evidence.phase("deploy the RayService"):
+            up = wait_for(lambda: service_sample(lab, ns, name), lambda s: s["cluster"] and apps_running(s),
+                          timeout=SERVICE_UP, interval=2, description=f"RayService {ns}/{name} apps RUNNING")
+            cluster = up["cluster"]
+            serve_svc = f"{name}-serve-svc"
+            wait_for(lambda: serve_endpoints(lab, ns, serve_svc), timeout=timeouts.SERVE_APP,
+                     description=f"Service {ns}/{serve_svc} to have a ready endpoint")
+            evidence.record("rayservice", {"name": name, "cluster": cluster, "gcs": spec.get("gcsFaultToleranceOptions")})
+        with evidence.phase("baseline load"):
+            url = f"http://{serve_svc}.{ns}.svc.cluster.local:{SERVE_PORT}/"
+            load_pod = start_load(lab, ns, url, EVENT.seconds + timeouts.RAYCLUSTER_READY.seconds)
+            baseline = wait_for(lambda: load_seconds(lab, ns, load_pod), lambda secs: sum(s["ok"] for s in secs) >= 20,
+                                timeout=timeouts.POD_START, interval=2,
+                                description=f"the load generator {load_pod} to see 20 answers from {url}")
+            evidence.record("baseline", load_window(baseline, 0, float("inf")))
+        before = head_sample(lab, ns, cluster)
+        evidence.record("head_before", before)
+        target_bytes = PRESSURE_FACTOR * head_memory_bytes(lab.profile)
+        pressure = lab.name("head-pressure")
+        with Timeline(lambda: {**head_sample(lab, ns, cluster), **service_sample(lab, ns, name)},
+                      f"sampling RayService {ns}/{name} through the head OOM") as timeline:
+            with evidence.phase("inject and observe"):
+                journal = runner.run("head-oom", {
+                    "kubeconfig": str(lab.kubeconfig), "namespace": ns, "cluster": cluster,
+                    "target_bytes": target_bytes, "pressure_job": pressure, "labels": lab.labels,
+                    "within_s": timeouts.RAYCLUSTER_READY.seconds}, journal_path=tmp_path / "journal.json")
+                evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+                evidence.record("experiment", runner.summary(journal))
+                injected = runner.output(journal, "submit-head-pressure")
+                killed = runner.output(journal, "head-oom-killed")
+                submitted_at = injected["submitted_at"]
+            with evidence.phase("recovery"):
+                head_after = wait_for(lambda: head_sample(lab, ns, cluster),
+                                      lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
+                                      timeout=timeouts.RAYCLUSTER_READY, interval=1,
+                                      description=f"the head of {ns}/{cluster} Ready again after its OOM kill")
+                ready_at = oom_figures(timeline, before, submitted_at)["ready_at"] or time.time()
+                running = wait_for(lambda: service_sample(lab, ns, name), apps_running, timeout=timeouts.SERVE_APP,
+                                   interval=1, description=f"RayService {ns}/{name} apps RUNNING after the head OOM")
+                window_end = ready_at + TAIL_S
+                wait_for(lambda: time.time(), lambda now: now >= window_end + REQUEST_TIMEOUT_S + 2,
+                         timeout=timeouts.CONTAINER_TRANSITION, interval=1, description="the availability tail to pass")
+                seconds = wait_for(lambda: load_seconds(lab, ns, load_pod),
+                                   lambda secs: bool(secs) and secs[-1]["window_start"] >= window_end,
+                                   timeout=timeouts.CONTAINER_TRANSITION, interval=2,
+                                   description="the load generator's log to cover the event window")
+        figures = oom_figures(timeline, before, submitted_at)
+        apps_back = timeline.first(apps_running, after=figures["ready_at"] or submitted_at)
+        figures["apps_running_at"] = (apps_back or {}).get("t") or time.time()
+        figures["inject_to_apps_running_s"] = round(figures["apps_running_at"] - submitted_at, 1)
+        evidence.record("head_after", head_after)
+        evidence.record("oom_probe", killed)
+        evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
+        seen_apps = sorted({f"{a}={s}" for smp in timeline.samples for a, s in smp["apps"].items()})
+        clusters_seen = sorted({smp["cluster"] for smp in timeline.samples if smp.get("cluster")}
+                               | {smp["pending_cluster"] for smp in timeline.samples if smp.get("pending_cluster")})
+        evidence.record("app_states_seen", seen_apps)
+        evidence.record("ray_clusters_seen", clusters_seen)
+        evidence.record("apps_after", running["apps"])
+        window = load_window(seconds, submitted_at, window_end)
+        evidence.record("availability_window", {"start": submitted_at, "end": window_end, **window})
+        oom_at = figures["oom_at"] or submitted_at
+        evidence.record("availability_by_phase", {
+            "inject_to_oom": load_window(seconds, submitted_at, oom_at),
+            "oom_to_head_ready": load_window(seconds, oom_at, figures["ready_at"] or window_end),
+            "head_ready_to_window_end": load_window(seconds, figures["ready_at"] or window_end, window_end)})
+        evidence.record("head_restarts_after_oom", {"restarts": head_after["restarts"] - before["restarts"],
+                                                    "terminations_seen": sorted({
+                                                        f"{s['restarts']}:{s['last_reason']}({s['last_exit_code']})"
+                                                        for s in timeline.samples if s.get("last_reason")})})
+        evidence.record("load_until_apps_running", load_window(seconds, submitted_at, figures["apps_running_at"]))
+        timeline_file = tmp_path / "timeline.yaml"
+        timeline_file.write_text(yaml.safe_dump(timeline.samples, sort_keys=False))
+        evidence.attach_file("head and RayService timeline", timeline_file)
+
+    assert killed["reached"], (
+        f"the head of {ns}/{cluster} was not OOMKilled within {killed['elapsed_s']} s of the pressure job "
+        f"({target_bytes} bytes against a {lab.profile['head']['memory']} limit); head: {killed['head']}")
+    oomed = killed["head"]
+    assert oomed["last_reason"] == "OOMKilled" and oomed["last_exit_code"] == 137, (
+        f"the head's termination after the pressure job was expected OOMKilled (137), was {oomed['last_reason']} "
+        f"({oomed['last_exit_code']})")
+    assert head_after["head_uid"] == before["head_uid"], (
+        f"the head pod was replaced ({before['head_pod']} -> {head_after['head_pod']}) instead of its container "
+        f"being restarted")
+    assert window["sent"] >= LOAD_RATE * (window_end - submitted_at) * 0.5, (
+        f"the load generator sent only {window['sent']} requests in the {window_end - submitted_at:.0f} s window "
+        f"(expected about {LOAD_RATE:g}/s): the measurement does not cover the event")
+    assert window["availability"] >= target, (
+        f"the RayService answered {window['ok']} of {window['sent']} requests ({window['availability']:.2%}) from the "
+        f"pressure job's submission until {TAIL_S:g} s after the head was Ready again, below the target "
+        f"{target:.2%} (GCS fault tolerance {'on' if ft else 'off'}); failing seconds {window['failing_seconds']}")
+
+
+TICK_GAP_S = 15.0  # the most another team's job may go without progress during the event
+
+
+def tick_entrypoint(ticks: int) -> str:
+    """A driver that runs one small task on a worker per second and prints a
+    ``tick`` event after each, for ``ticks`` seconds: progress anyone can read."""
+    code = ("import json, time, ray\n"
+            "ray.init()\n"
+            "@ray.remote(num_cpus=0.25)\n"
+            "def tick(i):\n"
+            "    return i\n"
+            f"for i in range({int(ticks)}):\n"
+            "    ray.get(tick.remote(i))\n"
+            "    print('RAYPROOF_EVENT ' + json.dumps({'event': 'tick', 'i': i, 'ts': round(time.time(), 3)}), flush=True)\n"
+            "    time.sleep(1)  # sleep-ok: the job's own pace\n")
+    return f"python -c {shlex.quote(code)}"
+
+
+def ticks_of(lab, ns: str, rayjob: str) -> list[dict[str, Any]]:
+    return [e for e in parse_events(lab.submitter_logs(ns, rayjob)) if e["event"] == "tick"]
+
+
+def progress(ticks: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """Ticks in [start, end) and the longest stretch of [start, end) without one."""
+    times = sorted(t["ts"] for t in ticks)
+    inside = [t for t in times if start <= t < end]
+    marks = [start, *inside, end]
+    gaps = [b - a for a, b in zip(marks, marks[1:])]
+    return {"ticks_in_window": len(inside), "longest_gap_s": round(max(gaps), 1),
+            "ticks_before": sum(t < start for t in times), "ticks_after": sum(t >= end for t in times),
+            "last_tick": times[-1] if times else None}
+
+
+def rayjob_sample(lab, ns: str, name: str) -> dict[str, Any]:
+    st = lab.rayjob_status(ns, name)
+    return {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "failed", "succeeded", "jobId")} | {
+        "message": (st.get("message") or "")[:300]}
+
+
+TERMINAL_JOB = ("SUCCEEDED", "FAILED", "STOPPED")
+TERMINAL_DEPLOYMENT = ("Complete", "Failed", "Retrying")
+
+
+def settled(job: dict[str, Any]) -> bool:
+    """Terminal, or visibly retrying (KubeRay's Retrying or a counted failed attempt)."""
+    return (job.get("jobStatus") in TERMINAL_JOB or job.get("jobDeploymentStatus") in TERMINAL_DEPLOYMENT
+            or bool(job.get("failed")))
+
+
+@pytest.mark.clause("GCS-2")
+def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
+    """A head OOM on team A's RayCluster MUST stay inside team A: another
+    team's RayCluster in namespace B sees no pod restarted or replaced and its
+    job keeps making progress through the event (no stretch without progress
+    longer than 15 s), and team A's RayJob that was running on the hit head
+    MUST reach a terminal or retrying state instead of showing Running forever."""
+    ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
+    cluster_a = lab.name("team-a")
+    victim = lab.name("victim")
+    other = lab.name("team-b")
+    ticks_long = int(EVENT.seconds + SERVICE_UP.seconds)
+    with evidence.phase("deploy both teams"):
+        lab.create_ray(ns_a, "rayclusters", {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                                             "metadata": {"name": cluster_a},
+                                             "spec": cluster_spec(lab, ns_a, workers=1)})
+        lab.create_ray(ns_b, "rayjobs", mf.rayjob(other, lab.labels, tick_entrypoint(ticks_long),
+                                                  mf.raycluster_spec(lab.profile, lab.labels, workers=1)))
+    with deleted_first(lab, ns_a, "rayclusters", cluster_a):
+        with evidence.phase("deploy both teams"):
+            wait_for(lambda: head_sample(lab, ns_a, cluster_a), lambda h: h["ready"], timeout=timeouts.RAYCLUSTER_READY,
+                     interval=2, description=f"the head of RayCluster {ns_a}/{cluster_a} to be Ready")
+            lab.create_ray(ns_a, "rayjobs", {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": victim},
+                                             "spec": {"entrypoint": tick_entrypoint(ticks_long),
+                                                      "clusterSelector": {"ray.io/cluster": cluster_a}}})
+            wait_for(lambda: ticks_of(lab, ns_a, victim), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
+                     interval=2, description=f"team A's RayJob {ns_a}/{victim} to make progress")
+            wait_for(lambda: ticks_of(lab, ns_b, other), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
+                     interval=2, description=f"team B's RayJob {ns_b}/{other} to make progress")
+        b_before = pod_restarts(lab, ns_b)
+        before = head_sample(lab, ns_a, cluster_a)
+        evidence.record("team_b_pods_before", b_before)
+        evidence.record("head_before", before)
+        target_bytes = PRESSURE_FACTOR * head_memory_bytes(lab.profile)
+        with Timeline(lambda: {**head_sample(lab, ns_a, cluster_a), "victim": rayjob_sample(lab, ns_a, victim),
+                               "team_b": rayjob_sample(lab, ns_b, other)},
+                      "sampling team A's head and jobs of both teams through the head OOM") as timeline:
+            with evidence.phase("inject and observe"):
+                journal = runner.run("head-oom", {
+                    "kubeconfig": str(lab.kubeconfig), "namespace": ns_a, "cluster": cluster_a,
+                    "target_bytes": target_bytes, "pressure_job": lab.name("head-pressure"), "labels": lab.labels,
+                    "within_s": timeouts.RAYCLUSTER_READY.seconds}, journal_path=tmp_path / "journal.json")
+                evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+                evidence.record("experiment", runner.summary(journal))
+                submitted_at = runner.output(journal, "submit-head-pressure")["submitted_at"]
+                killed = runner.output(journal, "head-oom-killed")
+            with evidence.phase("recovery"):
+                head_after = wait_for(lambda: head_sample(lab, ns_a, cluster_a),
+                                      lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
+                                      timeout=timeouts.RAYCLUSTER_READY, interval=1,
+                                      description=f"the head of {ns_a}/{cluster_a} Ready again after its OOM kill")
+                window_end = (oom_figures(timeline, before, submitted_at)["ready_at"] or time.time()) + TAIL_S
+                with contextlib.suppress(WaitTimeout):  # judged below from what was seen
+                    wait_for(lambda: rayjob_sample(lab, ns_a, victim), settled, timeout=timeouts.RAYCLUSTER_READY,
+                             interval=2, description=f"team A's RayJob {ns_a}/{victim} to settle after the head OOM")
+                b_ticks = wait_for(lambda: ticks_of(lab, ns_b, other), lambda t: bool(t) and t[-1]["ts"] >= window_end,
+                                   timeout=timeouts.CONTAINER_TRANSITION, interval=2,
+                                   description=f"team B's job {ns_b}/{other} to tick past the event window")
+        victim_after = rayjob_sample(lab, ns_a, victim)
+        b_after = pod_restarts(lab, ns_b)
+        figures = oom_figures(timeline, before, submitted_at)
+        settled_at = timeline.first(lambda s: settled(s["victim"]), after=submitted_at)
+        figures["inject_to_victim_settled_s"] = round(settled_at["t"] - submitted_at, 1) if settled_at else None
+        b_progress = progress(b_ticks, submitted_at, window_end)
+        evidence.record("head_after", head_after)
+        evidence.record("oom_probe", killed)
+        evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
+        evidence.record("victim_rayjob", victim_after)
+        evidence.record("victim_states_seen", sorted({f"{s['victim'].get('jobStatus')}/"
+                                                      f"{s['victim'].get('jobDeploymentStatus')}"
+                                                      for s in timeline.samples if "victim" in s}))
+        evidence.record("team_b_states_seen", sorted({f"{s['team_b'].get('jobStatus')}/"
+                                                      f"{s['team_b'].get('jobDeploymentStatus')}"
+                                                      for s in timeline.samples if "team_b" in s}))
+        evidence.record("team_b_pods_after", b_after)
+        evidence.record("team_b_progress", {"start": submitted_at, "end": window_end, **b_progress})
+        evidence.record("team_a_pods_after", pod_restarts(lab, ns_a))
+        timeline_file = tmp_path / "timeline.yaml"
+        timeline_file.write_text(yaml.safe_dump(timeline.samples, sort_keys=False))
+        evidence.attach_file("head and RayJob timeline", timeline_file)
+
+    assert killed["reached"] and killed["head"]["last_reason"] == "OOMKilled", (
+        f"the head of team A's {ns_a}/{cluster_a} was expected OOMKilled after the pressure job; probe: {killed}")
+    changed = {n: (b_before.get(n), b_after.get(n)) for n in set(b_before) | set(b_after)
+               if b_before.get(n) is None or b_after.get(n) is None
+               or (b_before[n]["uid"], b_before[n]["restarts"]) != (b_after[n]["uid"], b_after[n]["restarts"])}
+    assert not changed, f"team B's pods in {ns_b} were restarted, replaced or removed by team A's head OOM: {changed}"
+    assert b_progress["ticks_after"] and b_progress["longest_gap_s"] <= TICK_GAP_S, (
+        f"team B's job {ns_b}/{other} went {b_progress['longest_gap_s']} s without progress during team A's head OOM "
+        f"(at most {TICK_GAP_S:g} s expected; {b_progress['ticks_in_window']} ticks in the window, "
+        f"{b_progress['ticks_after']} after)")
+    b_status = rayjob_sample(lab, ns_b, other)
+    assert b_status.get("jobStatus") == "RUNNING", f"team B's RayJob {ns_b}/{other} is no longer running: {b_status}"
+    assert settled(victim_after), (
+        f"team A's RayJob {ns_a}/{victim}, whose driver ran on the OOM-killed head, still shows {victim_after} "
+        f"{timeouts.RAYCLUSTER_READY.seconds:g} s after the head was Ready again: neither terminal nor retrying")
