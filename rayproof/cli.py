@@ -23,7 +23,12 @@ def _pytest(args: list[str]) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """The project's own tests: unit tests, the clauses, and the clauses' self-tests."""
-    return _pytest([str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
+    # Two workers: one runs every test on the certified cluster (the
+    # Kubernetes clauses, their self-tests), one test at a time; the other
+    # runs everything else (units, platform components, the runtime tier).
+    parallel = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args.pytest_args) \
+        else ["-n", "2", "--dist", "loadgroup"]
+    return _pytest([*parallel, str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
 
 
 def local_platform() -> dict[str, str]:
