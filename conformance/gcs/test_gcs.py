@@ -224,22 +224,33 @@ def load_window(seconds: list[dict[str, Any]], start: float, end: float) -> dict
 @contextlib.contextmanager
 def deleted_first(lab, ns: str, plural: str, name: str):
     """Deletes the Ray object at the end while its namespace (and its Redis)
-    still exist, so KubeRay's GCS-FT Redis cleanup Job can run before the namespace goes.
+    still exist, so KubeRay's GCS-FT Redis cleanup Job can run before the
+    namespace goes (a terminating namespace admits no new Job, and the
+    RayCluster's cleanup finalizer would then hold the namespace forever).
 
-    Foreground: the owner stays until its RayCluster is gone. Deleted in the
-    background, the owner disappears first and Kueue's Job webhook then
-    refuses KubeRay's Redis cleanup Job (it cannot find the Job's owner's
-    owner), leaving the RayCluster's finalizer -- and the namespace -- stuck."""
+    A RayService is deleted orphaning its RayClusters, which are then deleted
+    on their own: deleted with it, the RayService disappears first and Kueue's
+    Job webhook refuses the cleanup Job (it cannot find the Job's owner's
+    owner); deleted in the foreground, KubeRay still reconciles the dying
+    RayService and creates a fresh pending RayCluster (measured, KubeRay
+    v1.5.0)."""
     try:
         yield
     finally:
         with contextlib.suppress(Exception):
             lab.custom.delete_namespaced_custom_object("ray.io", "v1", ns, plural, name,
-                                                       propagation_policy="Foreground")
+                                                       propagation_policy="Orphan" if plural == "rayservices" else None)
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: [o["metadata"]["name"] for o in lab.custom.list_namespaced_custom_object(
+                "ray.io", "v1", ns, plural)["items"] if o["metadata"]["name"] == name],
+                lambda left: not left, timeout=timeouts.OBJECT_DELETE, description=f"{plural} {ns}/{name} to be deleted")
+        for cluster in lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]:
+            with contextlib.suppress(Exception):
+                lab.custom.delete_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster["metadata"]["name"])
         with contextlib.suppress(WaitTimeout):
             wait_for(lambda: lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"],
                      lambda items: not items, timeout=timeouts.OBJECT_DELETE,
-                     description=f"the RayClusters of {ns} to be deleted")
+                     description=f"the RayClusters of {ns} (and their Redis cleanup) to be deleted")
 
 
 def oom_figures(timeline: Timeline, before: dict[str, Any], submitted_at: float) -> dict[str, Any]:
