@@ -56,10 +56,11 @@ def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platfo
     return rows[-1]
 
 
-def expect_failure(row: dict[str, Any], cause: str) -> None:
+def expect_failure(row: dict[str, Any], *causes: str) -> None:
+    """The clause failed, and its message names one of ``causes``."""
     assert row["outcome"] == "failed", f"{row['clause']} {row['outcome']} on a platform that breaks it: {row['message'][:500]}"
-    assert cause.lower() in row["message"].lower(), (
-        f"{row['clause']} failed, but its message does not name the cause ({cause!r}): {row['message'][:800]}")
+    assert any(c.lower() in row["message"].lower() for c in causes), (
+        f"{row['clause']} failed, but its message does not name the cause ({causes}): {row['message'][:800]}")
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,9 @@ def test_adm5_fails_when_queues_never_preempt(default_platform, tmp_path) -> Non
 def test_gcs1_fails_without_gcs_fault_tolerance(default_platform, tmp_path) -> None:
     row = run_clause(tmp_path, "conformance/gcs/test_gcs.py::test_head_oom_keeps_rayservice_available",
                      profile={"gcsFaultTolerance": {"enabled": False}})
-    expect_failure(row, "below the target")
+    # Without FT the restarted head has lost the applications: either requests
+    # fail past the target, or the applications never come back.
+    expect_failure(row, "below the target", "apps RUNNING after the head OOM")
 
 
 # -- misconfigured platforms ------------------------------------------------------------
