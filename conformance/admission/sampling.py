@@ -142,7 +142,8 @@ class Sampler:
         for p in mine:
             seen = self.pod_ready.setdefault(p.metadata.name, {
                 "group": (p.metadata.labels or {}).get("ray.io/group"), "gpus": pod_gpus(p), "ready": None,
-                "job": name, "cluster": (p.metadata.labels or {}).get("ray.io/cluster")})
+                "job": name, "cluster": (p.metadata.labels or {}).get("ray.io/cluster"),
+                "created": p.metadata.creation_timestamp.isoformat() if p.metadata.creation_timestamp else None})
             if seen["ready"] is None:
                 seen["ready"] = ready_since(p)
         submitters = [p for p in pods if (p.metadata.labels or {}).get("job-name") == name

@@ -180,6 +180,10 @@ def check_blocked_collectives_fail_fast(cluster: LocalRayCluster, evidence, *, p
                           "the platform's collective timeout plus the fail-fast slack")
     evidence.record("promised_timeout_s", promised_timeout_s)
     evidence.record("slack_s", timeouts.FAIL_FAST_SLACK.seconds)
+    # The collective timeout starts to count when the process group begins to
+    # form (the worker actors exist by then); worker start-up is not part of it.
+    wait_for(lambda: run.log.last("process_group_setup") is not None or run.proc.poll() is not None,
+             timeout=timeouts.RAY_CLUSTER_START, description="the training run to start forming its process group")
     try:
         rc = run.wait_exit(bound)
     except AssertionError as exc:
@@ -187,10 +191,10 @@ def check_blocked_collectives_fail_fast(cluster: LocalRayCluster, evidence, *, p
             f"training with blocked collectives was still running after {bound.seconds:g}s "
             f"(collective timeout {promised_timeout_s}s + slack {timeouts.FAIL_FAST_SLACK.seconds:g}s): "
             f"the job hangs instead of failing fast") from exc
-    start = run.log.last("start")
+    start = run.log.last("process_group_setup") or run.log.last("start")
     failure = run.log.last("failure")
     assert rc != 0 and failure is not None, f"training exited {rc} without a failure event; tail:\n{run.log.tail()}"
-    elapsed = evidence.record("start_to_failure_s", round(failure["ts"] - start["ts"], 2))
+    elapsed = evidence.record("process_group_setup_to_failure_s", round(failure["ts"] - start["ts"], 2))
     evidence.record("failure_reason", failure["reason"])
     assert elapsed <= bound.seconds, f"failure surfaced after {elapsed}s, beyond {bound.seconds:g}s"
     assert any(w in failure["reason"].lower() for w in ("timed out", "timeout")), (

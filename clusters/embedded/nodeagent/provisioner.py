@@ -39,8 +39,7 @@ class SharedDirProvisioner:
         self._thread = threading.Thread(target=self._loop, name="shared-dir-provisioner", daemon=True)
 
     def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._thread.start()
+        self._thread.start()  # the root directory is made with the first volume
 
     def stop(self) -> None:
         self._stop.set()
