@@ -52,3 +52,39 @@ class DriverLog:
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         found = sorted(self._seen.values(), key=lambda e: e.get("ts", 0))
         return [e for e in found if kind is None or e["event"] == kind]
+
+
+# Ray Train V2 registers a reported checkpoint only when its controller next
+# polls the workers (~2 s); a failure inside that window resumes from the
+# previous checkpoint. Faults are injected only after a checkpoint is this old.
+CHECKPOINT_SETTLE_S = 4.0
+
+
+def wait_settled_checkpoint(log: DriverLog, *, last_step_below: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wait until the run's latest checkpoint is at least CHECKPOINT_SETTLE_S
+    older than its latest step, while that step is below ``last_step_below``
+    (training still has work left); return (that checkpoint, that step)."""
+    from fixtures import timeouts
+    from fixtures.waiting import wait_for
+
+    def latest() -> tuple[dict | None, dict | None]:
+        log.refresh()
+        saved, steps = log.events("checkpoint_saved"), log.events("step")
+        return (saved[-1] if saved else None), (steps[-1] if steps else None)
+
+    return wait_for(latest, lambda v: v[0] is not None and v[1] is not None
+                    and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S and v[1]["step"] < last_step_below,
+                    timeout=timeouts.TRAINING_RUN, interval=1,
+                    description=f"RayJob {log.namespace}/{log.rayjob}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s "
+                                f"old while steps below {last_step_below} run")
+
+
+def require_fail_fast_timeout(profile: Any, evidence: Any, consequence: str) -> float:
+    """The platform's collective timeout, recorded; fails the clause when it is
+    above the profile's fail-fast bound (``consequence`` says what that costs)."""
+    timeout_s = evidence.record("collective_timeout_s", profile.collective_timeout_s)
+    bound_s = profile.seconds("training.maxCollectiveTimeout")
+    assert timeout_s <= bound_s, (
+        f"the platform's collective timeout is {timeout_s:g} s, above the fail-fast bound of {bound_s:g} s: "
+        f"{consequence} for {timeout_s / 60:.0f} min")
+    return timeout_s

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob
+from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob, wait_settled_checkpoint
 from fixtures import timeouts
 from fixtures.waiting import WaitTimeout, wait_for
 
@@ -14,7 +14,6 @@ pytestmark = pytest.mark.slow
 
 STEPS = 40
 STEP_TIME_S = 1.0
-CHECKPOINT_SETTLE_S = 4.0
 
 
 @pytest.mark.clause("ADM-5")
@@ -34,14 +33,7 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
                                                      priority_class=pcs["low"]))
     log = DriverLog(lab, low_ns, low)
     with evidence.phase("steady state"):
-        def settled() -> tuple[dict | None, dict | None]:
-            log.refresh()
-            saved, steps = log.events("checkpoint_saved"), log.events("step")
-            return (saved[-1] if saved else None), (steps[-1] if steps else None)
-        ckpt, _ = wait_for(settled, lambda v: v[0] is not None and v[1] is not None
-                           and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S and v[1]["step"] < STEPS - 10,
-                           timeout=timeouts.TRAINING_RUN, interval=1,
-                           description=f"low-priority RayJob {low}: a settled checkpoint while it trains")
+        ckpt, _ = wait_settled_checkpoint(log, last_step_below=STEPS - 10)
 
     # Sample the victim's pods and the high job's pods from submission on, to
     # see whether both gangs ever ran side by side.

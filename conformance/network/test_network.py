@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chaos import block_collectives, runner
-from conformance.training_jobs import driver_events, gang_gpus, training_rayjob
+from conformance.training_jobs import driver_events, gang_gpus, require_fail_fast_timeout, training_rayjob
 from fixtures import timeouts
 from fixtures.plugin import NOT_APPLICABLE
 
@@ -32,11 +32,6 @@ def test_network_policy_is_enforced(network_policy_enforcement: dict, evidence) 
         f"(attempts: {e['attempts_after_policy'][-3:]}): this cluster does not enforce NetworkPolicy")
 
 
-def fail_fast_bound(profile) -> tuple[float, float]:
-    """The platform's collective timeout and the most the clause accepts."""
-    return profile.collective_timeout_s, profile.seconds("training.maxCollectiveTimeout")
-
-
 @pytest.mark.clause("NET-1")
 def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enforcement, evidence, tmp_path) -> None:
     """A NetworkPolicy that blocks worker-to-worker traffic, applied before a
@@ -46,11 +41,7 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
     failure reason that names the timeout, and the RayJob MUST reach the Failed
     state instead of hanging."""
     require_enforcement(network_policy_enforcement, evidence)
-    timeout_s, bound_s = fail_fast_bound(lab.profile)
-    evidence.record("collective_timeout_s", timeout_s)
-    assert timeout_s <= bound_s, (
-        f"the platform's collective timeout is {timeout_s:g} s, above the fail-fast bound of {bound_s:g} s: "
-        f"a blocked collective would hold the gang's GPUs for {timeout_s / 60:.0f} min before anything fails")
+    timeout_s = require_fail_fast_timeout(lab.profile, evidence, "a blocked collective would hold the gang's GPUs")
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     name = lab.name("net1")

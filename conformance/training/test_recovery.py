@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 
 from chaos import runner
-from conformance.training_jobs import DriverLog, driver_events, gang_gpus, training_rayjob
+from conformance.training_jobs import (
+    DriverLog,
+    driver_events,
+    gang_gpus,
+    require_fail_fast_timeout,
+    training_rayjob,
+    wait_settled_checkpoint,
+)
 from fixtures import timeouts
 from fixtures.waiting import wait_for
 
@@ -12,44 +19,28 @@ pytestmark = pytest.mark.slow
 
 STEPS = 30
 STEP_TIME_S = 1.0
-# Ray Train V2 registers a reported checkpoint when its controller next polls
-# the workers (~2 s); a failure inside that window resumes from the previous
-# checkpoint. The fault is injected only after a checkpoint is this old.
-CHECKPOINT_SETTLE_S = 4.0
 
 
 @pytest.mark.clause("TRN-1")
 def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, tmp_path) -> None:
     """A worker pod deleted while collectives are in flight MUST be detected and
     the worker group restarted within the platform's collective timeout (itself
-    at most the profile's maxCollectiveTimeout) plus 60 s slack; Ray Train MUST resume from the latest checkpoint (first step
-    after the restart = checkpoint step + 1), losing at most one checkpoint
+    at most the profile's maxCollectiveTimeout) plus 60 s slack; Ray Train MUST
+    resume from the latest checkpoint (first step after the restart =
+    checkpoint step + 1), losing at most one checkpoint
     interval of steps, and the RayJob MUST succeed with every step done."""
     profile = lab.profile
     every = int(profile["training"]["checkpointEvery"])
-    timeout_s = profile.collective_timeout_s
     slack = timeouts.FAIL_FAST_SLACK.seconds
-    bound_s = profile.seconds("training.maxCollectiveTimeout")
-    evidence.record("collective_timeout_s", timeout_s)
-    assert timeout_s <= bound_s, (
-        f"the platform's collective timeout is {timeout_s:g} s, above the fail-fast bound of {bound_s:g} s: a rank "
-        f"lost mid-all-reduce can leave the others blocked for {timeout_s / 60:.0f} min before anything restarts")
+    timeout_s = require_fail_fast_timeout(profile, evidence, "a rank lost mid-all-reduce can leave the others blocked")
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     name = lab.name("trn1")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=2))
 
+    log = DriverLog(lab, ns, name)
     with evidence.phase("steady state"):
-        def settled_checkpoint() -> tuple[dict | None, dict | None]:
-            saved = driver_events(lab, ns, name, "checkpoint_saved")
-            steps = driver_events(lab, ns, name, "step")
-            return (saved[-1] if saved else None), (steps[-1] if steps else None)
-
-        ckpt, _ = wait_for(settled_checkpoint,
-                           lambda v: v[0] is not None and v[1] is not None and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S
-                           and v[1]["step"] < STEPS - every,
-                           timeout=timeouts.TRAINING_RUN, interval=1,
-                           description=f"RayJob {name}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s old while steps run")
+        ckpt, _ = wait_settled_checkpoint(log, last_step_below=STEPS - every)
         cluster = lab.rayjob_status(ns, name)["rayClusterName"]
     with evidence.phase("inject"):
         journal = runner.run("preempt-worker", {
@@ -109,16 +100,7 @@ def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, t
                                                  backoff_limit=2))
     log = DriverLog(lab, ns, name)
     with evidence.phase("steady state"):
-        def settled_checkpoint() -> tuple[dict | None, dict | None]:
-            log.refresh()
-            saved, steps = log.events("checkpoint_saved"), log.events("step")
-            return (saved[-1] if saved else None), (steps[-1] if steps else None)
-
-        ckpt, last = wait_for(settled_checkpoint,
-                              lambda v: v[0] is not None and v[1] is not None
-                              and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S and v[1]["step"] < STEPS - every,
-                              timeout=timeouts.TRAINING_RUN, interval=1,
-                              description=f"RayJob {name}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s old")
+        ckpt, last = wait_settled_checkpoint(log, last_step_below=STEPS - every)
         before = lab.rayjob_status(ns, name)
     with evidence.phase("inject"):
         journal = runner.run("preempt-worker", {
@@ -131,10 +113,13 @@ def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, t
     evidence.record("latest_checkpoint_before_kill", ckpt["step"])
     evidence.record("last_step_before_kill", last["step"])
     with evidence.phase("observe"):
-        # Refreshed while waiting: a retry replaces the submitter pod and its log.
-        status = lab.wait_rayjob(ns, name, lambda s: log.refresh() is not None
-                                 and s.get("jobDeploymentStatus") in ("Complete", "Failed"),
-                                 timeout=timeouts.TRAINING_RUN, description="finished after its head died")
+        def status_keeping_events() -> dict:
+            log.refresh()  # a retry replaces the submitter pod, and its log with it
+            return lab.rayjob_status(ns, name)
+
+        status = wait_for(status_keeping_events, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+                          timeout=timeouts.TRAINING_RUN, interval=1,
+                          description=f"RayJob {ns}/{name}: finished after its head died")
     evidence.record("rayjob", {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "failed", "succeeded",
                                                           "rayClusterName", "message")})
     evidence.record("cluster_before", before["rayClusterName"])
