@@ -18,6 +18,7 @@ DENY_NAME = "rayproof-workers-from-head-only"
 ALLOW_NAME = "rayproof-workers-same-namespace"
 WORKERS = {"matchLabels": {"ray.io/node-type": "worker"}}
 MONITORING_NAMESPACE_LABEL = {"kubernetes.io/metadata.name": "monitoring"}
+METRICS_PORT = 8080  # Ray's Prometheus metrics port on every node (KubeRay's default)
 
 
 def deny_policy(labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -31,13 +32,13 @@ def deny_policy(labels: dict[str, str] | None = None) -> dict[str, Any]:
 def documented_allow_policy(labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The design's worker policy: default-deny ingress except from pods of the
     same namespace (GCS, object manager, collectives) and Ray's metrics port
-    (8080) from the ``monitoring`` namespace."""
+    (:data:`METRICS_PORT`) from the ``monitoring`` namespace."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": ALLOW_NAME, "labels": dict(labels or {})},
             "spec": {"podSelector": WORKERS, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": {}}]},
                                  {"from": [{"namespaceSelector": {"matchLabels": MONITORING_NAMESPACE_LABEL}}],
-                                  "ports": [{"protocol": "TCP", "port": 8080}]}]}}
+                                  "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]}}
 
 
 def steady_state(kubeconfig: str, namespace: str) -> bool:

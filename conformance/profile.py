@@ -31,6 +31,7 @@ from rayproof.schema import (
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+NAMESPACE_ISOLATION = ("documented", "platform")
 PREEMPTION_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
@@ -106,6 +107,7 @@ SCHEMA: dict[str, Any] = {
     },
     "gcsFaultTolerance": {"enabled": boolean, "redisImage": _image},
     "serving": {"availabilityTarget": _fraction},
+    "tenancy": {"namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
     "operations": {"ttlSecondsAfterFinished": int_range(0, 86400), "teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
 }

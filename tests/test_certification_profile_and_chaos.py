@@ -31,6 +31,7 @@ def test_default_profile_is_valid() -> None:
     ({"kueue": {"priorityClasses": {"high": "rayproof-low"}}}, "kueue.priorityClasses.high: must differ from low"),
     ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
     ({"ray": {"headServiceType": "Ingress"}}, "field ray.headServiceType: must be one of ClusterIP"),
+    ({"tenancy": {"namespaceIsolation": "none"}}, "field tenancy.namespaceIsolation: must be one of documented"),
 ])
 def test_bad_profiles_name_the_field(override: dict, message: str) -> None:
     with pytest.raises(profile_mod.ProfileError, match=re.escape(message)):
@@ -41,6 +42,19 @@ def test_wait_for_pods_ready_can_be_declared_off(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("kueue:\n  waitForPodsReady: null\n")
     assert profile_mod.load(f).wait_for_pods_ready_s is None
+
+
+def test_team_isolation_policy_guards_heads_only_from_other_namespaces() -> None:
+    """Heads (GCS, dashboard) take traffic from their own namespace only; worker
+    policies are left to NET-1/NET-2, whose deny policy an allow-all-workers
+    rule here would silently override (NetworkPolicies add up)."""
+    spec = mf.team_isolation_policy({"rayproof.io/run": "r"})["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"ray.io/node-type": "head"}}
+    assert spec["ingress"][0] == {"from": [{"podSelector": {}}]}
+    open_ports = {p["port"] for rule in spec["ingress"] if any("namespaceSelector" in peer for peer in rule["from"])
+                  for p in rule.get("ports", [None])}
+    assert open_ports == {mf.DASHBOARD_PORT, 8080}, "other namespaces reach only the metrics port and (the operator) the dashboard"
+    assert mf.GCS_PORT not in open_ports
 
 
 def _job(workers: int = 2) -> dict:

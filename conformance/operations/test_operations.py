@@ -1,8 +1,10 @@
 """Operations and security: finished jobs give their GPUs back (OPS-1); Ray's
-dashboard and Jobs API are not reachable from outside the cluster (SEC-1)."""
+dashboard and Jobs API are not reachable from outside the cluster (SEC-1); no
+team's Ray node can join another team's GCS (SEC-2)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures import timeouts
+from fixtures.netprobe import RAY_NODE, probe_pod, ray_join_attempt
 from fixtures.timeouts import Tier
 from fixtures.waiting import WaitTimeout, wait_for
 
@@ -18,7 +21,11 @@ pytestmark = pytest.mark.slow
 # OPS-1 keeps watching this long past its bound before it gives up.
 TEARDOWN_OVERRUN_S = 30
 # Ports of Ray's control surfaces (REFERENCE: dashboard + Jobs API 8265, Ray client 10001).
-RAY_CONTROL_PORTS = {8265: "dashboard/Jobs API", 10001: "Ray client"}
+RAY_CONTROL_PORTS = {mf.DASHBOARD_PORT: "dashboard/Jobs API", 10001: "Ray client"}
+# SEC-2 watches a refused node of another namespace until this many times the
+# control's join time (at least the minimum) has passed since it was created.
+FOREIGN_JOIN_FACTOR = 5
+FOREIGN_JOIN_MIN_S = 60
 # Ingress annotations that put authentication in front of a backend.
 AUTH_ANNOTATIONS = ("nginx.ingress.kubernetes.io/auth-url", "nginx.ingress.kubernetes.io/auth-type",
                     "nginx.ingress.kubernetes.io/auth-signin", "alb.ingress.kubernetes.io/auth-type",
@@ -128,3 +135,73 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None
                                        "ports": [p.port for p in s.spec.ports or []]} for s in head_svc])
     exposures = evidence.record("exposures", _exposures(lab))
     assert not exposures, "Ray control ports are exposed outside the cluster: " + "; ".join(exposures)
+
+
+def _ray_nodes_seen_from(lab, namespace: str, dashboard: str) -> list[dict]:
+    """The Ray nodes of the cluster whose dashboard is ``dashboard`` (host:port),
+    read by a pod in ``namespace`` from Ray's state API: ip and state of each."""
+    name = lab.name("ray-nodes")
+    code = ("import json, urllib.request\n"
+            f"data = json.load(urllib.request.urlopen('http://{dashboard}/api/v0/nodes?limit=1000', timeout=20))\n"
+            "print('RAYPROOF_NODES', json.dumps([{'ip': n['node_ip'], 'state': n['state']} "
+            "for n in data['data']['result']['result']]))\n")
+    lab.core.create_namespaced_pod(namespace, probe_pod(name, lab.profile.ray_image, dict(lab.labels),
+                                                        ["python", "-c", code], "Never", RAY_NODE))
+    phase = wait_for(lambda: lab.core.read_namespaced_pod(name, namespace).status.phase,
+                     lambda p: p in ("Succeeded", "Failed"), timeout=timeouts.POD_START,
+                     description=f"pod {namespace}/{name} to read the Ray nodes from {dashboard}")
+    log = lab.core.read_namespaced_pod_log(name, namespace)
+    line = next((ln for ln in log.splitlines() if ln.startswith("RAYPROOF_NODES ")), None)
+    assert phase == "Succeeded" and line, f"could not read the Ray nodes from {dashboard} in {namespace}: {log[-800:]}"
+    return json.loads(line.split(" ", 1)[1])
+
+
+@pytest.mark.clause("SEC-2")
+def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
+    """Teams MUST be isolated at the cluster level: a Ray node started in team
+    B's namespace MUST be refused by team A's GCS and never join it, while the
+    same node started in team A's own namespace joins (the probe's control),
+    and team A's GCS MUST list only nodes that are pods of team A's namespace."""
+    ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
+    cluster = lab.name("team-a")
+    evidence.record("namespace_isolation", lab.profile["tenancy"]["namespaceIsolation"])
+    evidence.record("policies", {ns: [p.metadata.name for p in lab.net.list_namespaced_network_policy(ns).items]
+                                 for ns in (ns_a, ns_b)})
+    with evidence.phase("team A's cluster"):
+        lab.create_ray(ns_a, "rayclusters", {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                                             "metadata": {"name": cluster},
+                                             "spec": mf.raycluster_spec(lab.profile, lab.labels, workers=0)})
+        head = wait_for(lambda: [p for p in lab.pods(ns_a, f"ray.io/cluster={cluster},ray.io/node-type=head")
+                                 if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])],
+                        timeout=timeouts.RAYCLUSTER_READY, interval=2,
+                        description=f"the head of RayCluster {ns_a}/{cluster} to be Ready")[0]
+        service = next(s.metadata.name for s in lab.core.list_namespaced_service(ns_a).items
+                       if (s.metadata.labels or {}).get("ray.io/cluster") == cluster
+                       and (s.metadata.labels or {}).get("ray.io/node-type") == "head")
+        host = f"{service}.{ns_a}.svc.cluster.local"
+        gcs = f"{host}:{mf.GCS_PORT}"
+        evidence.record("team_a_head", {"pod": head.metadata.name, "ip": head.status.pod_ip, "service": host})
+    with evidence.phase("join attempts"):
+        control = evidence.record("join_from_own_namespace",
+                                  ray_join_attempt(lab, ns_a, lab.name("join-own"), gcs))
+        assert control["joined"], (
+            f"a Ray node in team A's own namespace {ns_a} could not join its GCS at {gcs}, so the probe shows "
+            f"nothing about isolation: {control}")
+        # A refused node retries for minutes: once refused, it is given several
+        # times what the control needed to join before it counts as kept out.
+        foreign = evidence.record("join_from_other_namespace", ray_join_attempt(
+            lab, ns_b, lab.name("join-foreign"), gcs,
+            refused_for_s=max(FOREIGN_JOIN_MIN_S, FOREIGN_JOIN_FACTOR * control["seconds"])))
+    with evidence.phase("team A's view"):
+        nodes = evidence.record("team_a_gcs_nodes", _ray_nodes_seen_from(lab, ns_a, f"{host}:{mf.DASHBOARD_PORT}"))
+        team_a_ips = {p.status.pod_ip for p in lab.pods(ns_a) if p.status.pod_ip}
+        strangers = [n for n in nodes if n["state"] == "ALIVE" and n["ip"] not in team_a_ips]
+    assert not foreign["joined"], (
+        f"a Ray node started in team B's namespace {ns_b} joined team A's GCS at {gcs} "
+        f"{foreign['seconds']} s after it started: the namespaces are not isolated (profile "
+        f"tenancy.namespaceIsolation={lab.profile['tenancy']['namespaceIsolation']}; no NetworkPolicy or Ray "
+        "authentication keeps other namespaces away from the head)")
+    assert foreign["refused"], (
+        f"the Ray node started in team B's namespace {ns_b} neither joined team A's GCS nor showed a refused "
+        f"connection within {timeouts.RAY_JOIN.seconds:g} s, so isolation was not shown: {foreign}")
+    assert not strangers, f"team A's GCS lists live nodes that are not pods of {ns_a}: {strangers}"

@@ -119,6 +119,13 @@ def test_sec1_fails_when_the_dashboard_is_on_a_node_port(default_platform, tmp_p
     expect_failure(row, "is type NodePort")
 
 
+def test_sec2_fails_when_namespaces_are_left_open_to_each_other(default_platform, tmp_path) -> None:
+    # The profile says the platform isolates namespaces itself; the embedded one does not.
+    row = run_clause(tmp_path, "conformance/operations/test_operations.py::test_no_ray_node_joins_another_teams_gcs",
+                     profile={"tenancy": {"namespaceIsolation": "platform"}})
+    expect_failure(row, "joined team A's GCS")
+
+
 def test_ops1_fails_when_finished_clusters_are_kept_for_ten_minutes(default_platform, tmp_path) -> None:
     row = run_clause(tmp_path, "conformance/operations/test_operations.py::test_finished_rayjob_cluster_is_torn_down",
                      profile={"operations": {"ttlSecondsAfterFinished": 600, "teardownWithin": "20s"}})
