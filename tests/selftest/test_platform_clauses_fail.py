@@ -170,8 +170,14 @@ def test_adm4_fails_when_kueue_has_no_wait_for_pods_ready(broken_platform, tmp_p
     expect_failure(row, "was not evicted for PodsReadyTimeout")
 
 
-def test_adm1_fails_when_kueue_does_not_manage_rayjobs(unmanaged_platform, tmp_path) -> None:
+@pytest.mark.parametrize("clause_test", [
+    "test_gang_that_does_not_fit_stays_suspended",  # ADM-1
+    "test_teams_sharing_a_queue_get_whole_gangs",  # ADM-2
+    "test_late_worker_delays_training_without_splitting_it",  # ADM-3
+])
+def test_gang_admission_clauses_fail_when_kueue_does_not_manage_rayjobs(unmanaged_platform, tmp_path,
+                                                                        clause_test: str) -> None:
     name, platform_profile = unmanaged_platform
-    row = run_clause(tmp_path, "conformance/admission/test_admission.py::test_gang_that_does_not_fit_stays_suspended",
+    row = run_clause(tmp_path, f"conformance/admission/test_admission.py::{clause_test}",
                      platform=name, platform_profile=platform_profile)
     expect_failure(row, "Kueue does not manage RayJobs")
