@@ -139,6 +139,9 @@ def cmd_clean(args: argparse.Namespace) -> int:
         removed = janitor.clean_run(run_id)
         print(f"rayproof: run {run_id}: removed {', '.join(removed)}")
     cleaned = []
+    for line in _down_orphaned_platforms():
+        print(f"rayproof: {line}")
+        cleaned.append(line)
     api = _cluster_for_clean(args)
     if api is not None:
         cleaned = janitor.clean_on_cluster(api, janitor.orphaned_on_cluster(api))
@@ -147,6 +150,21 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if not runs and not cleaned:
         print("rayproof: nothing left behind by earlier runs")
     return 0
+
+
+def _down_orphaned_platforms() -> list[str]:
+    """Take down embedded platforms that a test session started and left behind."""
+    from clusters.embedded.platform import EmbeddedPlatform, platform_root
+    from clusters.embedded.target import is_orphaned
+
+    done = []
+    root = platform_root()
+    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
+        platform = EmbeddedPlatform(run_dir.name)
+        if run_dir.is_dir() and is_orphaned(platform):
+            platform.down()
+            done.append(f"took down embedded platform {run_dir.name}, left running by a test session that is gone")
+    return done
 
 
 def _cluster_for_clean(args: argparse.Namespace):

@@ -120,3 +120,16 @@ def test_node_that_keeps_exiting_fails_the_start_at_once_with_its_log(local_ray)
     cluster.add_worker(cpus=1, resources={"CPU": 1})  # Ray refuses CPU in --resources
     with pytest.raises(RayNodeExited, match=r"node w1 exited .* 3 times; log tail:(.|\n)*CPU"):
         cluster.wait_for_nodes(2)
+
+
+def test_platform_left_by_a_dead_test_session_is_orphaned_and_one_from_rayproof_up_is_not(tmp_path):
+    from clusters.embedded.platform import EmbeddedPlatform
+    from clusters.embedded.target import is_orphaned
+
+    platform = EmbeddedPlatform("orphan-check", run_dir=tmp_path / "orphan-check")
+    platform.run_dir.mkdir()
+    assert not is_orphaned(platform), "no owner recorded: brought up by `rayproof up`, never taken down by a session"
+    janitor.write_owner(platform.run_dir)
+    assert not is_orphaned(platform), "its session (this process) is alive"
+    (platform.run_dir / "owner").write_text("999999999 1.0")
+    assert is_orphaned(platform)

@@ -8,6 +8,7 @@ from clusters import Progress
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
 from clusters.existing import describe_cluster
+from fixtures import janitor
 
 DEFAULT_TARGET_NAME = "default"
 
@@ -25,10 +26,24 @@ class EmbeddedTarget:
     @classmethod
     def start(cls, *, name: str | None = None, profile: Any = None, run_dir: Path | None = None,
               progress: Progress = lambda m: None) -> "EmbeddedTarget":
+        """Bring the platform up unless it runs with this profile already.
+
+        A platform a test session started records that session's process in
+        its run directory (``owner``). One found running whose recorded
+        session is gone (SIGKILLed) is adopted: this session takes it down at
+        the end. A platform brought up by ``rayproof up`` records nobody and
+        is never taken down here.
+        """
         p = EmbeddedPlatform(name or DEFAULT_TARGET_NAME, run_dir=run_dir, profile=profile, progress=progress)
         was_up = p.status().get("healthy") is True and p.state.read().get("profile_digest") == p.profile.digest()
+        orphaned = was_up and is_orphaned(p)
+        if orphaned:
+            progress(f"adopting platform {p.name}, left running by a test session that is gone")
         p.up()
-        return cls(p, started_here=not was_up)
+        started_here = not was_up or orphaned
+        if started_here:
+            janitor.write_owner(p.run_dir)
+        return cls(p, started_here=started_here)
 
     @property
     def kubeconfig(self) -> Path:
@@ -49,3 +64,8 @@ class EmbeddedTarget:
     def close(self) -> None:
         if self.started_here:
             self.platform.down()
+
+
+def is_orphaned(platform: EmbeddedPlatform) -> bool:
+    """Started by a test session (it recorded its owner) that no longer runs."""
+    return (platform.run_dir / "owner").exists() and not janitor.owner_alive(platform.run_dir)
