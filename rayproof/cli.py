@@ -144,9 +144,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
         cleaned.append(line)
     api = _cluster_for_clean(args)
     if api is not None:
-        cleaned = janitor.clean_on_cluster(api, janitor.orphaned_on_cluster(api))
-        for line in cleaned:
+        on_cluster = janitor.clean_on_cluster(api, janitor.orphaned_on_cluster(api))
+        for line in on_cluster:
             print(f"rayproof: deleted {line}")
+        cleaned += on_cluster
     if not runs and not cleaned:
         print("rayproof: nothing left behind by earlier runs")
     return 0
