@@ -37,9 +37,7 @@ def run(workdir: Path) -> dict:
     figures: dict = {}
     began = time.monotonic()
     with LocalRayCluster(workdir=workdir, head_cpus=0) as cluster:
-        cluster.add_worker(cpus=1)
-        cluster.add_worker(cpus=1)
-        cluster.wait_for_nodes(3)
+        cluster.add_workers(2)
         figures["cluster_start_s"] = round(time.monotonic() - began, 1)
         run = start_training(cluster, "bench", "bench.log", steps=STEPS, checkpoint_every=CHECKPOINT_EVERY,
                              timeout_s=60, max_failures=2)

@@ -8,7 +8,7 @@ import pytest
 
 from fixtures import janitor, netns, timeouts
 from fixtures.cgroups import MemoryCgroup
-from fixtures.local_ray import RayNodeExited, new_run_id
+from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
 from fixtures.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
@@ -118,7 +118,7 @@ def test_node_whose_ray_start_exits_while_starting_is_restarted(local_ray):
 def test_node_that_keeps_exiting_fails_the_start_at_once_with_its_log(local_ray):
     cluster = local_ray(head_cpus=0)
     cluster.add_worker(cpus=1, resources={"CPU": 1})  # Ray refuses CPU in --resources
-    with pytest.raises(RayNodeExited, match=r"node w1 exited .* 3 times; log tail:(.|\n)*CPU"):
+    with pytest.raises(RayNodeExited, match=rf"node w1 exited .* {STARTUP_RESTARTS + 1} times; log tail:(.|\n)*CPU"):
         cluster.wait_for_nodes(2)
 
 

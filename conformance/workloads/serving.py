@@ -20,9 +20,7 @@ AVAILABILITY_TARGET = 0.99
 
 def serve_cluster(local_ray, *, gcs_ft: bool) -> LocalRayCluster:
     cluster = local_ray(head_cpus=0, gcs_ft=gcs_ft)
-    cluster.add_worker(cpus=1)
-    cluster.add_worker(cpus=1)
-    cluster.wait_for_nodes(3)
+    cluster.add_workers(2)
     return cluster
 
 

@@ -30,9 +30,7 @@ class TrainingRun:
 def training_cluster(local_ray, **kwargs) -> LocalRayCluster:
     """Head with no CPUs plus two 1-CPU workers: each training rank gets its own node."""
     cluster = local_ray(head_cpus=0, **kwargs)
-    cluster.add_worker(cpus=1)
-    cluster.add_worker(cpus=1)
-    cluster.wait_for_nodes(3)
+    cluster.add_workers(2)
     return cluster
 
 
