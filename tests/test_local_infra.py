@@ -112,7 +112,8 @@ def test_node_whose_ray_start_exits_while_starting_is_restarted(local_ray):
     worker = cluster.add_worker(cpus=1)
     worker.proc.kill()  # our own child: `ray start` dies before its node registers
     cluster.wait_for_nodes(2)
-    assert worker.restarts == 1
+    # At least the one restart; a loaded machine can crash the new raylet too (Ray's fixed 15 s agent wait).
+    assert 1 <= worker.restarts <= STARTUP_RESTARTS
 
 
 def test_node_that_keeps_exiting_fails_the_start_at_once_with_its_log(local_ray):
