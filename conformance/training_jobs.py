@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from fixtures import manifests as mf
+from fixtures import timeouts
 from fixtures.events import parse_events
+from fixtures.waiting import wait_for
 
 
 def training_rayjob(lab: Any, name: str, *, workers: int = 2, steps: int = 12, step_time_s: float = 0.0,
@@ -64,9 +66,6 @@ def wait_settled_checkpoint(log: DriverLog, *, last_step_below: int) -> tuple[di
     """Wait until the run's latest checkpoint is at least CHECKPOINT_SETTLE_S
     older than its latest step, while that step is below ``last_step_below``
     (training still has work left); return (that checkpoint, that step)."""
-    from fixtures import timeouts
-    from fixtures.waiting import wait_for
-
     def latest() -> tuple[dict | None, dict | None]:
         log.refresh()
         saved, steps = log.events("checkpoint_saved"), log.events("step")

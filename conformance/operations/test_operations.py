@@ -4,7 +4,6 @@ team's Ray node can join another team's GCS (SEC-2)."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures import timeouts
-from fixtures.netprobe import RAY_NODE, probe_pod, ray_join_attempt
+from fixtures.netprobe import ray_join_attempt, ray_nodes_seen_from
 from fixtures.timeouts import Tier
 from fixtures.waiting import WaitTimeout, wait_for
 
@@ -137,25 +136,6 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None
     assert not exposures, "Ray control ports are exposed outside the cluster: " + "; ".join(exposures)
 
 
-def _ray_nodes_seen_from(lab, namespace: str, dashboard: str) -> list[dict]:
-    """The Ray nodes of the cluster whose dashboard is ``dashboard`` (host:port),
-    read by a pod in ``namespace`` from Ray's state API: ip and state of each."""
-    name = lab.name("ray-nodes")
-    code = ("import json, urllib.request\n"
-            f"data = json.load(urllib.request.urlopen('http://{dashboard}/api/v0/nodes?limit=1000', timeout=20))\n"
-            "print('RAYPROOF_NODES', json.dumps([{'ip': n['node_ip'], 'state': n['state']} "
-            "for n in data['data']['result']['result']]))\n")
-    lab.core.create_namespaced_pod(namespace, probe_pod(name, lab.profile.ray_image, dict(lab.labels),
-                                                        ["python", "-c", code], "Never", RAY_NODE))
-    phase = wait_for(lambda: lab.core.read_namespaced_pod(name, namespace).status.phase,
-                     lambda p: p in ("Succeeded", "Failed"), timeout=timeouts.POD_START,
-                     description=f"pod {namespace}/{name} to read the Ray nodes from {dashboard}")
-    log = lab.core.read_namespaced_pod_log(name, namespace)
-    line = next((ln for ln in log.splitlines() if ln.startswith("RAYPROOF_NODES ")), None)
-    assert phase == "Succeeded" and line, f"could not read the Ray nodes from {dashboard} in {namespace}: {log[-800:]}"
-    return json.loads(line.split(" ", 1)[1])
-
-
 @pytest.mark.clause("SEC-2")
 def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     """Teams MUST be isolated at the cluster level: a Ray node started in team
@@ -193,7 +173,7 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
             lab, ns_b, lab.name("join-foreign"), gcs,
             refused_for_s=max(FOREIGN_JOIN_MIN_S, FOREIGN_JOIN_FACTOR * control["seconds"])))
     with evidence.phase("team A's view"):
-        nodes = evidence.record("team_a_gcs_nodes", _ray_nodes_seen_from(lab, ns_a, f"{host}:{mf.DASHBOARD_PORT}"))
+        nodes = evidence.record("team_a_gcs_nodes", ray_nodes_seen_from(lab, ns_a, f"{host}:{mf.DASHBOARD_PORT}"))
         team_a_ips = {p.status.pod_ip for p in lab.pods(ns_a) if p.status.pod_ip}
         strangers = [n for n in nodes if n["state"] == "ALIVE" and n["ip"] not in team_a_ips]
     assert not foreign["joined"], (

@@ -6,7 +6,6 @@ import pytest
 from chaos import runner
 from conformance.training_jobs import (
     DriverLog,
-    driver_events,
     gang_gpus,
     require_fail_fast_timeout,
     training_rayjob,
@@ -53,11 +52,12 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     with evidence.phase("observe"):
         status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
                                  timeout=timeouts.TRAINING_RUN, description="finished after the preemption")
-    steps = driver_events(lab, ns, name, "step")
+    log.refresh()
+    steps = log.events("step")
     before = [e["step"] for e in steps if e["ts"] <= deleted["deleted_at"]]
-    restored = [e for e in driver_events(lab, ns, name, "checkpoint_restored") if e["ts"] > deleted["deleted_at"]]
-    restarts = [e for e in driver_events(lab, ns, name, "worker_group_started") if e["ts"] > deleted["deleted_at"]]
-    saved_before = [e["step"] for e in driver_events(lab, ns, name, "checkpoint_saved") if e["ts"] <= deleted["deleted_at"]]
+    restored = [e for e in log.events("checkpoint_restored") if e["ts"] > deleted["deleted_at"]]
+    restarts = [e for e in log.events("worker_group_started") if e["ts"] > deleted["deleted_at"]]
+    saved_before = [e["step"] for e in log.events("checkpoint_saved") if e["ts"] <= deleted["deleted_at"]]
     last_step = max(before) if before else None
     evidence.record("rayjob", {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "message")})
     evidence.record("last_step_before_kill", last_step)
