@@ -106,7 +106,7 @@ SCHEMA: dict[str, Any] = {
         "checkpoints": {"storageClassName": optional(_name), "size": quantity, "mountPath": _mount},
     },
     "gcsFaultTolerance": {"enabled": boolean, "redisImage": _image},
-    "serving": {"availabilityTarget": _fraction},
+    "serving": {"availabilityTarget": _fraction, "excludeHeadFromServeService": boolean},
     "tenancy": {"namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
     "operations": {"ttlSecondsAfterFinished": int_range(0, 86400), "teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},

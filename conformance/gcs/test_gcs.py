@@ -282,13 +282,16 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
     ft = gcs_ft_enabled(lab.profile)
     evidence.record("gcs_fault_tolerance", ft)
     evidence.record("availability_target", target)
+    exclude_head = evidence.record("exclude_head_from_serve_service",
+                                   bool(lab.profile["serving"]["excludeHeadFromServeService"]))
     ns = lab.namespace("a")
     name = lab.name("gcs1")
     with evidence.phase("deploy the RayService"):
         spec = cluster_spec(lab, ns, workers=1)
         lab.create_ray(ns, "rayservices", {"apiVersion": "ray.io/v1", "kind": "RayService",
                                            "metadata": {"name": name},
-                                           "spec": {"serveConfigV2": serve_config(1), "rayClusterConfig": spec}})
+                                           "spec": {"serveConfigV2": serve_config(1), "rayClusterConfig": spec,
+                                                    "excludeHeadPodFromServeSvc": exclude_head}})
     with deleted_first(lab, ns, "rayservices", name):
         with evidence.phase("deploy the RayService"):
             up = wait_for(lambda: service_sample(lab, ns, name), lambda s: s["cluster"] and apps_running(s),
