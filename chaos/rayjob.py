@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from chaos import _kube
-from fixtures.timeouts import Tier
+from fixtures.manifests import QUEUE_LABEL
+from fixtures.timeouts import CONTROLLER_RECONCILE, Tier
 from fixtures.waiting import WaitTimeout, wait_for
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
@@ -42,18 +43,46 @@ def status(kubeconfig: str, namespace: str, name: str) -> dict[str, Any]:
         "status") or {}
 
 
+def workloads_of(kubeconfig: str, namespace: str, rayjob: str) -> list[dict[str, Any]]:
+    """The Kueue Workloads owned by RayJob ``rayjob``."""
+    items = _kube.custom(kubeconfig).list_namespaced_custom_object(*KUEUE, namespace, "workloads").get("items", [])
+    return [w for w in items if any(o.get("kind") == "RayJob" and o.get("name") == rayjob
+                                    for o in w["metadata"].get("ownerReferences") or [])]
+
+
+def _unmanaged(kubeconfig: str, namespace: str, name: str) -> str | None:
+    """Why a queued RayJob will never be admitted: it names a LocalQueue, yet
+    Kueue made no Workload for it (Kueue does not manage RayJobs here)."""
+    job = _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
+    if QUEUE_LABEL not in (job["metadata"].get("labels") or {}) or workloads_of(kubeconfig, namespace, name):
+        return None
+    return (f"Kueue created no Workload for RayJob {namespace}/{name} within {CONTROLLER_RECONCILE.seconds:g} s "
+            "although it names a LocalQueue: Kueue does not manage RayJobs on this platform (is the ray.io/rayjob "
+            "integration enabled?), so nothing will ever admit it")
+
+
 def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float) -> dict[str, Any]:
     """Wait until RayJob ``name`` is in ``state`` (a key of STATES); returns
-    ``{"reached": bool, "elapsed_s", "status"}`` (never raises on timeout)."""
+    ``{"reached": bool, "elapsed_s", "status", "cause"}`` (never raises on
+    timeout). A queued job still without a Kueue Workload after
+    CONTROLLER_RECONCILE ends the wait early, its ``cause`` saying so."""
     began = time.monotonic()
     tier = Tier(f"rayjob_{state}", float(within_s), f"RayJob {state}")
+    cause: list[str] = []
+
+    def observe() -> dict[str, Any]:
+        st = status(kubeconfig, namespace, name)
+        if not cause and time.monotonic() - began >= CONTROLLER_RECONCILE.seconds and not STATES[state](st):
+            cause.extend(filter(None, [_unmanaged(kubeconfig, namespace, name)]))
+        return st
+
     try:
-        st = wait_for(lambda: status(kubeconfig, namespace, name), STATES[state], timeout=tier, interval=1,
+        st = wait_for(observe, lambda s: STATES[state](s) or bool(cause), timeout=tier, interval=1,
                       description=f"RayJob {namespace}/{name} to be {state}")
-        reached = True
+        reached = STATES[state](st)
     except WaitTimeout as exc:
         st, reached = exc.last_value or {}, False
-    return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1),
+    return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1), "cause": cause[0] if cause else None,
             "status": {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message", "failed",
                                               "succeeded", "rayClusterName")}}
 
@@ -66,10 +95,7 @@ def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: 
     tier = Tier(f"workload_{condition.lower()}", float(within_s), f"Workload {condition}")
 
     def observe() -> list[dict[str, Any]]:
-        items = _kube.custom(kubeconfig).list_namespaced_custom_object(*KUEUE, namespace, "workloads").get("items", [])
-        mine = [w for w in items if any(o.get("kind") == "RayJob" and o.get("name") == rayjob
-                                        for o in w["metadata"].get("ownerReferences") or [])]
-        return [c for w in mine for c in (w.get("status") or {}).get("conditions") or []]
+        return [c for w in workloads_of(kubeconfig, namespace, rayjob) for c in (w.get("status") or {}).get("conditions") or []]
 
     def done(conds: list[dict[str, Any]]) -> bool:
         return any(c["type"] == condition and c["status"] == "True" and (not reason or c.get("reason") == reason)

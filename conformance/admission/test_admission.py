@@ -294,6 +294,7 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     evidence.record("worker_ready", {p: v["ready"] for p, v in gpu_pods.items()})
     evidence.record("world_sizes", {"worker_group_started": [e["world_size"] for e in started],
                                     "steps": [e["world_size"] for e in steps]})
+    assert not outcome.get("cause"), outcome["cause"]
     assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
         f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
         f"expected SUCCEEDED")

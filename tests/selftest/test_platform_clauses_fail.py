@@ -173,6 +173,7 @@ def test_adm4_fails_when_kueue_has_no_wait_for_pods_ready(broken_platform, tmp_p
 @pytest.mark.parametrize("clause_test", [
     "test_gang_that_does_not_fit_stays_suspended",  # ADM-1
     "test_teams_sharing_a_queue_get_whole_gangs",  # ADM-2
+    "test_late_worker_delays_training_without_splitting_it",  # ADM-3
 ])
 def test_gang_admission_clauses_fail_when_kueue_does_not_manage_rayjobs(unmanaged_platform, tmp_path,
                                                                         clause_test: str) -> None:
