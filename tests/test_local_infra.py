@@ -122,11 +122,21 @@ def test_nodes_start_boosted_and_run_at_normal_priority_once_started(local_ray):
     cluster = local_ray(head_cpus=0)
     worker = cluster.add_worker(cpus=1)
     assert os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == STARTUP_NICE
+    assert _autogroup_nice(worker.proc.pid) in (STARTUP_NICE, 0)  # 0: no autogroups on this kernel
     cluster.wait_for_nodes(2)
     for node in (cluster.head, worker):
         pids = cluster._alive(cluster._node_pids(node))
         assert pids and not node.boosted
         assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == dict.fromkeys(pids, 0)
+        assert {pid: _autogroup_nice(pid) for pid in pids} == dict.fromkeys(pids, 0)
+
+
+def _autogroup_nice(pid: int) -> int:
+    """The niceness of ``pid``'s autogroup ('/autogroup-N nice K'), 0 where the kernel has none."""
+    try:
+        return int(open(f"/proc/{pid}/autogroup").read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def test_node_that_keeps_exiting_fails_the_start_at_once_with_its_log(local_ray):
