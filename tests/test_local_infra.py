@@ -1,7 +1,6 @@
 """The local building blocks, for real: namespaces that drop packets, cgroups that OOM-kill, the janitor."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -9,7 +8,7 @@ import pytest
 
 from fixtures import janitor, netns, timeouts
 from fixtures.cgroups import MemoryCgroup
-from fixtures.local_ray import STARTUP_NICE, STARTUP_RESTARTS, RayNodeExited, new_run_id
+from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
 from fixtures.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
@@ -115,28 +114,6 @@ def test_node_whose_ray_start_exits_while_starting_is_restarted(local_ray):
     cluster.wait_for_nodes(2)
     # At least the one restart; a loaded machine can crash the new raylet too (Ray's fixed 15 s agent wait).
     assert 1 <= worker.restarts <= STARTUP_RESTARTS
-
-
-def test_nodes_start_boosted_and_run_at_normal_priority_once_started(local_ray):
-    """The startup priority (Ray's fixed 15 s agent wait) must not outlive the start: workloads run at niceness 0."""
-    cluster = local_ray(head_cpus=0)
-    worker = cluster.add_worker(cpus=1)
-    assert os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == STARTUP_NICE
-    assert _autogroup_nice(worker.proc.pid) in (STARTUP_NICE, 0)  # 0: no autogroups on this kernel
-    cluster.wait_for_nodes(2)
-    for node in (cluster.head, worker):
-        pids = cluster._alive(cluster._node_pids(node))
-        assert pids and not node.boosted
-        assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == dict.fromkeys(pids, 0)
-        assert {pid: _autogroup_nice(pid) for pid in pids} == dict.fromkeys(pids, 0)
-
-
-def _autogroup_nice(pid: int) -> int:
-    """The niceness of ``pid``'s autogroup ('/autogroup-N nice K'), 0 where the kernel has none."""
-    try:
-        return int(open(f"/proc/{pid}/autogroup").read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def test_node_that_keeps_exiting_fails_the_start_at_once_with_its_log(local_ray):

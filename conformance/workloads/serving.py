@@ -100,7 +100,7 @@ def check_serve_survives_gcs_loss(cluster: LocalRayCluster, evidence, *, target:
         cluster.ensure_head_running()
         return app_status(cluster)
 
-    wait_for(status_with_restarts, lambda s: s == "RUNNING", timeout=timeouts.SERVE_APP,
+    wait_for(status_with_restarts, lambda s: s == "RUNNING", timeout=timeouts.HEAD_RECOVERY,
              description=f"Serve application '{APP}' RUNNING again on the restarted head")
     recovered_at = time.time()
     evidence.record("head_restarts", cluster.head.restarts)
@@ -122,7 +122,7 @@ def check_gcs_loss_without_ft_is_reported(cluster: LocalRayCluster, evidence) ->
         cluster.ensure_head_running()
         return serve_details(cluster)
 
-    status = wait_for(details_with_restarts, lambda d: d is not None, timeout=timeouts.SERVE_APP,
+    status = wait_for(details_with_restarts, lambda d: d is not None, timeout=timeouts.HEAD_RECOVERY,
                       description="the restarted head's dashboard to answer")
     evidence.record("head_restarts", cluster.head.restarts)
     apps = status.get("applications") or {}
