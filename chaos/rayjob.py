@@ -10,11 +10,9 @@ import time
 from typing import Any
 
 from chaos import _kube
-from fixtures.manifests import QUEUE_LABEL
+from fixtures import manifests as mf
 from fixtures.timeouts import CONTROLLER_RECONCILE, Tier
 from fixtures.waiting import WaitTimeout, wait_for
-
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
 
 # What each named state means on a RayJob's status (and its Kueue Workload).
 STATES = {
@@ -45,20 +43,17 @@ def status(kubeconfig: str, namespace: str, name: str) -> dict[str, Any]:
 
 def workloads_of(kubeconfig: str, namespace: str, rayjob: str) -> list[dict[str, Any]]:
     """The Kueue Workloads owned by RayJob ``rayjob``."""
-    items = _kube.custom(kubeconfig).list_namespaced_custom_object(*KUEUE, namespace, "workloads").get("items", [])
-    return [w for w in items if any(o.get("kind") == "RayJob" and o.get("name") == rayjob
-                                    for o in w["metadata"].get("ownerReferences") or [])]
+    items = _kube.custom(kubeconfig).list_namespaced_custom_object(
+        mf.KUEUE, mf.KUEUE_VERSION, namespace, "workloads").get("items", [])
+    return mf.owned_by_rayjob(items, rayjob)
 
 
 def _unmanaged(kubeconfig: str, namespace: str, name: str) -> str | None:
-    """Why a queued RayJob will never be admitted: it names a LocalQueue, yet
-    Kueue made no Workload for it (Kueue does not manage RayJobs here)."""
+    """Why a queued RayJob will never be admitted (see :func:`fixtures.manifests.unmanaged_rayjob`)."""
     job = _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
-    if QUEUE_LABEL not in (job["metadata"].get("labels") or {}) or workloads_of(kubeconfig, namespace, name):
+    if mf.QUEUE_LABEL not in (job["metadata"].get("labels") or {}) or workloads_of(kubeconfig, namespace, name):
         return None
-    return (f"Kueue created no Workload for RayJob {namespace}/{name} within {CONTROLLER_RECONCILE.seconds:g} s "
-            "although it names a LocalQueue: Kueue does not manage RayJobs on this platform (is the ray.io/rayjob "
-            "integration enabled?), so nothing will ever admit it")
+    return mf.unmanaged_rayjob(namespace, name, CONTROLLER_RECONCILE.seconds)
 
 
 def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The certification profile's validation, the straggler transform, and the
-chaostoolkit experiments' consistency with the fault modules (no cluster needed)."""
+"""The certification profile's validation, the straggler transform, the RayJob
+wait's early stop, and the chaostoolkit experiments' consistency with the fault
+modules (no cluster needed)."""
 from __future__ import annotations
 
 import importlib
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos import straggler
+from chaos import rayjob, straggler
 from chaos.runner import EXPERIMENTS
 from conformance import profile as profile_mod
 from fixtures import manifests as mf
+from fixtures.timeouts import Tier
 
 
 def test_default_profile_is_valid() -> None:
@@ -103,3 +105,34 @@ def test_experiment_calls_existing_functions_with_declared_variables(path: Path)
         for value in args.values():
             for var in re.findall(r"\$\{(\w+)\}", json.dumps(value)):
                 assert var in declared, f"{path.name}:{act['name']} uses undeclared ${{{var}}}"
+
+
+class _FakeCustomApi:
+    """Just enough of CustomObjectsApi for chaos.rayjob: one suspended RayJob and the given Workloads."""
+
+    def __init__(self, labels: dict[str, str], workloads: list[dict]):
+        self.job = {"metadata": {"name": "j", "labels": labels}, "status": {"jobDeploymentStatus": "Suspended"}}
+        self.items = workloads
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        return self.job
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural):
+        return {"items": self.items}
+
+
+@pytest.mark.parametrize("labels, workloads, early", [
+    ({mf.QUEUE_LABEL: "q"}, [], True),  # queued, no Workload: Kueue does not manage RayJobs
+    ({mf.QUEUE_LABEL: "q"}, [{"metadata": {"ownerReferences": [{"kind": "RayJob", "name": "j"}]}}], False),
+    ({}, [], False),  # not queued: nothing to expect of Kueue
+])
+def test_waiting_on_a_queued_rayjob_without_a_workload_ends_early_naming_the_cause(monkeypatch, labels, workloads,
+                                                                                 early) -> None:
+    monkeypatch.setattr(rayjob, "CONTROLLER_RECONCILE", Tier("controller_reconcile", 0, "test"))
+    monkeypatch.setattr(rayjob._kube, "custom", lambda kubeconfig: _FakeCustomApi(labels, workloads))
+    out = rayjob.wait_state("", "ns", "j", "finished", within_s=3)
+    assert not out["reached"]
+    if early:
+        assert out["elapsed_s"] < 2 and "Kueue does not manage RayJobs" in out["cause"]
+    else:
+        assert out["elapsed_s"] >= 3 and out["cause"] is None
