@@ -327,7 +327,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
             with evidence.phase("recovery"):
                 head_after = wait_for(lambda: head_sample(lab, ns, cluster),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
-                                      timeout=timeouts.RAYCLUSTER_READY, interval=1,
+                                      timeout=timeouts.HEAD_RECOVERY, interval=1,
                                       description=f"the head of {ns}/{cluster} Ready again after its OOM kill")
                 ready_at = oom_figures(timeline, before, submitted_at)["ready_at"] or time.time()
                 running = wait_for(lambda: service_sample(lab, ns, name), apps_running, timeout=timeouts.SERVE_APP,
@@ -485,7 +485,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
             with evidence.phase("recovery"):
                 head_after = wait_for(lambda: head_sample(lab, ns_a, cluster_a),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
-                                      timeout=timeouts.RAYCLUSTER_READY, interval=1,
+                                      timeout=timeouts.HEAD_RECOVERY, interval=1,
                                       description=f"the head of {ns_a}/{cluster_a} Ready again after its OOM kill")
                 window_end = (oom_figures(timeline, before, submitted_at)["ready_at"] or time.time()) + TAIL_S
                 with contextlib.suppress(WaitTimeout):  # judged below from what was seen
