@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +64,20 @@ def test_unreachable_target_fails_fast_and_is_bounded():
 def test_rejects_bad_arguments():
     with pytest.raises(SystemExit):
         load_gen.main(["--target", "http://x/", "--rate", "0"])
+
+
+def test_sigterm_stops_it_early_with_the_seconds_begun_and_a_summary(server):
+    """A caller keeps load on until its event is over, then stops it: the summary still comes."""
+    repo = Path(load_gen.__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "workloads.load_gen", "--target", server, "--rate", "10",
+                             "--duration", "60", "--timeout", "1"], cwd=repo, stdout=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # blocks until the first second is reported (about 3 s in)
+    assert '"event": "second"' in first
+    proc.terminate()
+    out = first + proc.communicate(timeout=10)[0]
+    events = [json.loads(l.split(" ", 1)[1]) for l in out.splitlines() if l.startswith("RAYPROOF")]
+    summary = events[-1]
+    assert summary["event"] == "summary" and summary["stopped_early"]
+    assert 1 <= summary["duration_s"] < 60 and summary["sent"] <= 10 * summary["duration_s"]
+    assert [e["second"] for e in events if e["event"] == "second"] == list(range(summary["duration_s"]))
+    assert proc.returncode == 0

@@ -6,6 +6,9 @@ per-request timeout.  Prints one JSON line per second (successes, failures and
 latency percentiles of the requests *started* in that second) and a final
 summary with availability, p50 and p99.  It always stops by itself: requests
 still in flight at the end are waited for at most one request timeout.
+SIGTERM ends it early the same way: no new requests, the seconds begun are
+reported and the summary printed (``stopped_early``), so a caller can keep
+load on until the event it measures is over.
 
 Imports only the standard library, so it runs anywhere a client would.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -50,8 +54,10 @@ def one_request(url: str, timeout_s: float) -> tuple[bool, float, str]:
     return ok, (time.monotonic() - began) * 1000, err
 
 
-def run(targets: list[str], rate: float, duration: float, concurrency: int, timeout_s: float) -> dict:
+def run(targets: list[str], rate: float, duration: float, concurrency: int, timeout_s: float,
+        stop: threading.Event | None = None) -> dict:
     seconds = int(duration)
+    stop = stop or threading.Event()
     buckets = [{"ok": 0, "fail": 0, "lat": [], "errors": {}} for _ in range(seconds)]
     lock = threading.Lock()
     in_flight = threading.BoundedSemaphore(concurrency)
@@ -75,6 +81,8 @@ def run(targets: list[str], rate: float, duration: float, concurrency: int, time
     pool = ThreadPoolExecutor(max_workers=concurrency)
     reported = 0
     for i in range(total):
+        if stop.is_set():
+            break
         due = start + i * interval
         delay = due - time.monotonic()
         if delay > 0:
@@ -100,6 +108,10 @@ def run(targets: list[str], rate: float, duration: float, concurrency: int, time
 
         pool.submit(task)
     pool.shutdown(wait=True)  # every request has its own timeout, so this is bounded
+    stopped_early = stop.is_set()
+    if stopped_early:  # only the seconds begun are reported
+        seconds = min(seconds, int(time.monotonic() - start) + 1)
+        buckets = buckets[:seconds]
     while reported < seconds:
         reported = _report_second(buckets, reported, start_wall, lock)
 
@@ -115,7 +127,7 @@ def run(targets: list[str], rate: float, duration: float, concurrency: int, time
         "availability": round(ok / (ok + fail), 6) if ok + fail else None,
         "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "client_limited": skipped,
         "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
-        "started": round(start_wall, 3), "wall_s": round(time.monotonic() - start, 2),
+        "started": round(start_wall, 3), "wall_s": round(time.monotonic() - start, 2), "stopped_early": stopped_early,
     }
     emit("summary", **summary)
     return summary
@@ -139,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rate <= 0 or args.duration < 1 or args.concurrency < 1 or args.timeout <= 0:
         p.error("--rate, --duration (>= 1), --concurrency and --timeout must be positive")
-    summary = run(args.target, args.rate, args.duration, args.concurrency, args.timeout)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    summary = run(args.target, args.rate, args.duration, args.concurrency, args.timeout, stop)
     return 0 if summary["sent"] else 1
 
 
