@@ -34,7 +34,7 @@ def test_trn3_fails_when_the_collective_timeout_is_left_long(local_ray, evidence
 
 def test_gcs1_fails_without_gcs_fault_tolerance(local_ray, evidence, monkeypatch):
     # Without FT the application never comes back; do not wait the full tier for it.
-    monkeypatch.setenv("RAYPROOF_TIMEOUT_SERVE_APP", "90")
+    monkeypatch.setenv("RAYPROOF_TIMEOUT_HEAD_RECOVERY", "90")
     cluster = serving.serve_cluster(local_ray, gcs_ft=False)
     with pytest.raises(AssertionError, match="RUNNING again on the restarted head|availability while the GCS was down"):
         serving.check_serve_survives_gcs_loss(cluster, evidence)
