@@ -36,11 +36,6 @@ def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any]) -> str:
     return rayjob["metadata"]["name"]
 
 
-def status(kubeconfig: str, namespace: str, name: str) -> dict[str, Any]:
-    return _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name).get(
-        "status") or {}
-
-
 def workloads_of(kubeconfig: str, namespace: str, rayjob: str) -> list[dict[str, Any]]:
     """The Kueue Workloads owned by RayJob ``rayjob``."""
     items = _kube.custom(kubeconfig).list_namespaced_custom_object(
@@ -48,36 +43,33 @@ def workloads_of(kubeconfig: str, namespace: str, rayjob: str) -> list[dict[str,
     return mf.owned_by_rayjob(items, rayjob)
 
 
-def _unmanaged(kubeconfig: str, namespace: str, name: str) -> str | None:
-    """Why a queued RayJob will never be admitted (see :func:`fixtures.manifests.unmanaged_rayjob`)."""
-    job = _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
-    if mf.QUEUE_LABEL not in (job["metadata"].get("labels") or {}) or workloads_of(kubeconfig, namespace, name):
-        return None
-    return mf.unmanaged_rayjob(namespace, name, CONTROLLER_RECONCILE.seconds)
-
-
 def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float) -> dict[str, Any]:
     """Wait until RayJob ``name`` is in ``state`` (a key of STATES); returns
     ``{"reached": bool, "elapsed_s", "status", "cause"}`` (never raises on
     timeout). A queued job still without a Kueue Workload after
-    CONTROLLER_RECONCILE ends the wait early, its ``cause`` saying so."""
+    CONTROLLER_RECONCILE will never be admitted: that ends the wait early, its
+    ``cause`` saying so (checked once)."""
     began = time.monotonic()
     tier = Tier(f"rayjob_{state}", float(within_s), f"RayJob {state}")
-    cause: list[str] = []
+    queue_checked, cause = False, None
 
     def observe() -> dict[str, Any]:
-        st = status(kubeconfig, namespace, name)
-        if not cause and time.monotonic() - began >= CONTROLLER_RECONCILE.seconds and not STATES[state](st):
-            cause.extend(filter(None, [_unmanaged(kubeconfig, namespace, name)]))
+        nonlocal queue_checked, cause
+        job = _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
+        st = job.get("status") or {}
+        if not queue_checked and time.monotonic() - began >= CONTROLLER_RECONCILE.seconds and not STATES[state](st):
+            queue_checked = True
+            if mf.QUEUE_LABEL in (job["metadata"].get("labels") or {}) and not workloads_of(kubeconfig, namespace, name):
+                cause = mf.unmanaged_rayjob(namespace, name, CONTROLLER_RECONCILE.seconds)
         return st
 
     try:
-        st = wait_for(observe, lambda s: STATES[state](s) or bool(cause), timeout=tier, interval=1,
+        st = wait_for(observe, lambda s: STATES[state](s) or cause is not None, timeout=tier, interval=1,
                       description=f"RayJob {namespace}/{name} to be {state}")
         reached = STATES[state](st)
     except WaitTimeout as exc:
         st, reached = exc.last_value or {}, False
-    return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1), "cause": cause[0] if cause else None,
+    return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1), "cause": cause,
             "status": {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message", "failed",
                                               "succeeded", "rayClusterName")}}
 
