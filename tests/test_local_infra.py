@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
+import psutil
 import pytest
 
 from fixtures import janitor, netns, timeouts
 from fixtures.cgroups import MemoryCgroup
-from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
+from fixtures.local_ray import (AGENT_STARTUP_NICE, STARTUP_RESTARTS, LocalRayCluster, RayNode, RayNodeExited,
+                                new_run_id)
 from fixtures.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
@@ -121,6 +124,36 @@ def test_node_that_keeps_exiting_fails_the_start_at_once_with_its_log(local_ray)
     cluster.add_worker(cpus=1, resources={"CPU": 1})  # Ray refuses CPU in --resources
     with pytest.raises(RayNodeExited, match=rf"node w1 exited .* {STARTUP_RESTARTS + 1} times; log tail:(.|\n)*CPU"):
         cluster.wait_for_nodes(2)
+
+
+def test_dashboard_agent_is_favoured_until_its_port_file_exists(tmp_path):
+    """A stand-in node: a `ray start` shell whose child runs a file named dashboard/agent.py."""
+    agent_py = tmp_path / "ray" / "dashboard" / "agent.py"
+    agent_py.parent.mkdir(parents=True)
+    agent_py.write_text("import sys; sys.stdin.read()\n")
+    temp_dir = tmp_path / "node"
+    start = subprocess.Popen(["sh", "-c", f"{sys.executable} -S {agent_py}; exit 0"], stdin=subprocess.PIPE)
+    node = RayNode(name="w1", role="worker", host=None, argv=[], env={}, temp_dir=temp_dir,  # type: ignore[arg-type]
+                   log_path=tmp_path / "w1.log", proc=start)
+    watcher = threading.Thread(target=LocalRayCluster._favour_agent_while_starting, args=(node, start))
+    watcher.start()
+    try:
+        def agent_nice() -> int | None:
+            children = psutil.Process(start.pid).children()
+            return children[0].nice() if children else None
+
+        wait_for(agent_nice, lambda n: n == AGENT_STARTUP_NICE, timeout=timeouts.PROCESS_EXIT,
+                 description="the stand-in dashboard agent to be reniced while it starts")
+        port_file = temp_dir / "session_2026_1" / "dashboard_agent_listen_port_0123"
+        port_file.parent.mkdir(parents=True)
+        port_file.write_text("52365")
+        wait_for(agent_nice, lambda n: n == 0, timeout=timeouts.PROCESS_EXIT,
+                 description="the stand-in dashboard agent back at nice 0 once its port file exists")
+    finally:
+        start.stdin.close()  # the stand-in agent reads to EOF, then the shell exits
+        start.wait(timeout=30)
+        watcher.join(timeout=30)
+    assert not watcher.is_alive()
 
 
 def test_platform_left_by_a_dead_test_session_is_orphaned_and_one_from_rayproof_up_is_not(tmp_path):
