@@ -1,0 +1,64 @@
+"""Running one clause as `rayproof certify` does, and the embedded platforms the self-tests run it on."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from clusters.embedded.target import EmbeddedTarget
+from fixtures.timeouts import Tier
+
+# The self-test modules that start platforms of their own share one xdist
+# group: one worker starts and takes down those platforms one module at a
+# time (their names are fixed; several at once would also crowd the machine),
+# beside the worker that owns the session's platform.
+PLATFORMS_GROUP = pytest.mark.xdist_group("selftest-platforms")
+
+REPO = Path(__file__).resolve().parents[2]
+# One clause run, platform start included, on two cores.
+CLAUSE_RUN = Tier("selftest_clause_run", 1200, "one clause run in a subprocess")
+
+
+def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
+               platform_profile: Path | None = None) -> dict[str, Any]:
+    """Run one clause (``path::test``) as certify does; return its result row."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    results = tmp_path / "results.json"
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
+            "--rootdir", str(REPO), str(REPO / test), "-q", f"--rayproof-results={results}"]
+    if profile is not None:
+        path = tmp_path / "profile.yaml"
+        path.write_text(yaml.safe_dump(profile))
+        argv += ["--profile", str(path)]
+    if platform is not None:
+        argv += ["--platform-name", platform]
+    if platform_profile is not None:
+        argv += ["--platform-profile", str(platform_profile)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds)
+    assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
+    assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
+    return rows[-1]
+
+
+def expect_failure(row: dict[str, Any], *causes: str) -> None:
+    """The clause failed, and its message names one of ``causes``."""
+    assert row["outcome"] == "failed", f"{row['clause']} {row['outcome']} on a platform that breaks it: {row['message'][:500]}"
+    assert any(c.lower() in row["message"].lower() for c in causes), (
+        f"{row['clause']} failed, but its message does not name the cause ({causes}): {row['message'][:800]}")
+
+
+def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, profile: dict) -> Iterator[tuple[str, Path]]:
+    """An embedded platform started with ``profile`` over the defaults; taken down at the end."""
+    path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    target = EmbeddedTarget.start(name=name, profile=path, progress=print)
+    try:
+        yield name, path
+    finally:
+        target.platform.down()
