@@ -10,8 +10,8 @@ import pytest
 
 from fixtures import janitor, netns, timeouts
 from fixtures.cgroups import MemoryCgroup
-from fixtures.local_ray import (AGENT_STARTUP_NICE, STARTUP_RESTARTS, LocalRayCluster, RayNode, RayNodeExited,
-                                new_run_id)
+from fixtures.local_ray import (AGENT_STARTUP_NICE, STARTUP_RESTARTS, RayNode, RayNodeExited,
+                                favour_agent_while_starting, new_run_id)
 from fixtures.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
@@ -135,7 +135,7 @@ def test_dashboard_agent_is_favoured_until_its_port_file_exists(tmp_path):
     start = subprocess.Popen(["sh", "-c", f"{sys.executable} -S {agent_py}; exit 0"], stdin=subprocess.PIPE)
     node = RayNode(name="w1", role="worker", host=None, argv=[], env={}, temp_dir=temp_dir,  # type: ignore[arg-type]
                    log_path=tmp_path / "w1.log", proc=start)
-    watcher = threading.Thread(target=LocalRayCluster._favour_agent_while_starting, args=(node, start))
+    watcher = threading.Thread(target=favour_agent_while_starting, args=(node, start))
     watcher.start()
     try:
         def agent_nice() -> int | None:
