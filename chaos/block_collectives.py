@@ -29,16 +29,22 @@ def deny_policy(labels: dict[str, str] | None = None) -> dict[str, Any]:
                      "ingress": [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]}}
 
 
-def documented_allow_policy(labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """The design's worker policy: default-deny ingress except from pods of the
-    same namespace (GCS, object manager, collectives) and Ray's metrics port
-    (:data:`METRICS_PORT`) from the ``monitoring`` namespace."""
+# The design's worker policy: default-deny ingress except from pods of the
+# same namespace (GCS, object manager, collectives) and Ray's metrics port
+# (METRICS_PORT) from the ``monitoring`` namespace.
+DESIGN_WORKER_INGRESS = [{"from": [{"podSelector": {}}]},
+                         {"from": [{"namespaceSelector": {"matchLabels": MONITORING_NAMESPACE_LABEL}}],
+                          "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]
+
+
+def documented_allow_policy(labels: dict[str, str] | None = None,
+                            ingress: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The platform's documented worker policy: the workers of the namespace
+    accept only ``ingress`` (default: :data:`DESIGN_WORKER_INGRESS`)."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": ALLOW_NAME, "labels": dict(labels or {})},
             "spec": {"podSelector": WORKERS, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [{"podSelector": {}}]},
-                                 {"from": [{"namespaceSelector": {"matchLabels": MONITORING_NAMESPACE_LABEL}}],
-                                  "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]}}
+                     "ingress": DESIGN_WORKER_INGRESS if ingress is None else ingress}}
 
 
 def steady_state(kubeconfig: str, namespace: str) -> bool:
@@ -53,10 +59,12 @@ def inject(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None
     return DENY_NAME
 
 
-def allow(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None) -> str:
-    """Apply the documented allow policy (NET-2); returns its name."""
-    _kube.networking(kubeconfig).create_namespaced_network_policy(namespace, documented_allow_policy(labels))
-    return ALLOW_NAME
+def allow(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None,
+          ingress: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Apply the documented worker policy (NET-2); returns it as applied."""
+    policy = documented_allow_policy(labels, ingress)
+    _kube.networking(kubeconfig).create_namespaced_network_policy(namespace, policy)
+    return policy
 
 
 def revert(kubeconfig: str, namespace: str) -> list[str]:

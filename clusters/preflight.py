@@ -37,6 +37,7 @@ REQUIRED_ACCESS = (
     ("list", "", "events", ""),
     ("list", "", "services", ""),
     ("list", "", "nodes", ""),
+    ("list", "storage.k8s.io", "storageclasses", ""),
     ("create", "networking.k8s.io", "networkpolicies", ""),
     ("list", "networking.k8s.io", "ingresses", ""),
     ("create", "ray.io", "rayjobs", ""),
@@ -48,6 +49,9 @@ REQUIRED_ACCESS = (
     ("create", "kueue.x-k8s.io", "localqueues", ""),
     ("list", "kueue.x-k8s.io", "workloads", ""),
 )
+
+
+DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
 
 class PreflightError(RuntimeError):
@@ -154,7 +158,8 @@ def _whoami(api: Any) -> str:
 
 
 def profile_problems(api: Any, profile: Any) -> list[str]:
-    """What the profile names that the cluster lacks (flavor, priority classes)."""
+    """What the profile names that the cluster lacks (flavor, priority classes,
+    the checkpoint StorageClass or, when it names none, a default one)."""
     from kubernetes import client
 
     objs = client.CustomObjectsApi(api)
@@ -178,4 +183,11 @@ def profile_problems(api: Any, profile: Any) -> list[str]:
     if len(values) == 2 and values["high"] <= values["low"]:
         problems.append(f"kueue.priorityClasses: high ({values['high']}) must have a greater value than "
                         f"low ({values['low']})")
+    classes = client.StorageV1Api(api).list_storage_class().items
+    wanted = profile["training"]["checkpoints"]["storageClassName"]
+    if wanted and wanted not in {c.metadata.name for c in classes}:
+        problems.append(f"training.checkpoints.storageClassName: StorageClass {wanted!r} does not exist")
+    if not wanted and not any((c.metadata.annotations or {}).get(DEFAULT_CLASS_ANNOTATION) == "true" for c in classes):
+        problems.append("training.checkpoints.storageClassName: not set (the cluster's default StorageClass), but the "
+                        "cluster has no default StorageClass; name the ReadWriteMany class for checkpoints")
     return problems

@@ -32,6 +32,7 @@ from rayproof.schema import (
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 NAMESPACE_ISOLATION = ("documented", "platform")
+RAY_CLUSTERS = ("perTeam", "shared")
 PREEMPTION_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
@@ -89,6 +90,25 @@ def _wait_for_pods_ready(v: Any) -> dict[str, str] | None:
     return dict(v)
 
 
+_PEER_KEYS, _PORT_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}, {"protocol", "port", "endPort"}
+
+
+def _ingress_rules(v: Any) -> list[dict[str, Any]] | None:
+    """NetworkPolicy ingress rules (``from``/``ports``); the API server checks the rest."""
+    allowed = ("null (the design's policy) or a list of NetworkPolicy ingress rules, each a mapping of "
+               "`from` (podSelector/namespaceSelector/ipBlock peers) and `ports` (protocol/port/endPort)")
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(r, dict) and set(r) <= {"from", "ports"} for r in v):
+        raise ValueError(allowed)
+    for rule in v:
+        for key, keys in (("from", _PEER_KEYS), ("ports", _PORT_KEYS)):
+            items = rule.get(key, [])
+            if not isinstance(items, list) or not all(isinstance(i, dict) and set(i) <= keys for i in items):
+                raise ValueError(allowed)
+    return copy.deepcopy(v)
+
+
 SCHEMA: dict[str, Any] = {
     "ray": {"image": _image, "version": _text, "headServiceType": one_of(SERVICE_TYPES), "env": env_map},
     "head": {"cpu": quantity, "memory": quantity},
@@ -107,7 +127,8 @@ SCHEMA: dict[str, Any] = {
     },
     "gcsFaultTolerance": {"enabled": boolean, "redisImage": _image},
     "serving": {"availabilityTarget": _fraction, "excludeHeadFromServeService": boolean},
-    "tenancy": {"namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
+    "network": {"workerIngress": _ingress_rules},
+    "tenancy": {"rayClusters": one_of(RAY_CLUSTERS), "namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
     "operations": {"ttlSecondsAfterFinished": int_range(0, 86400), "teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
 }

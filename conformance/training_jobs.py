@@ -65,17 +65,25 @@ CHECKPOINT_SETTLE_S = 4.0
 def wait_settled_checkpoint(log: DriverLog, *, last_step_below: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Wait until the run's latest checkpoint is at least CHECKPOINT_SETTLE_S
     older than its latest step, while that step is below ``last_step_below``
-    (training still has work left); return (that checkpoint, that step)."""
-    def latest() -> tuple[dict | None, dict | None]:
+    (training still has work left); return (that checkpoint, that step).
+    A run whose driver reports a failure first cannot reach that state: the
+    wait ends there and fails with the driver's reason."""
+    def latest() -> tuple[dict | None, dict | None, dict | None]:
         log.refresh()
-        saved, steps = log.events("checkpoint_saved"), log.events("step")
-        return (saved[-1] if saved else None), (steps[-1] if steps else None)
+        saved, steps, failed = log.events("checkpoint_saved"), log.events("step"), log.events("failure")
+        return (saved[-1] if saved else None), (steps[-1] if steps else None), (failed[-1] if failed else None)
 
-    return wait_for(latest, lambda v: v[0] is not None and v[1] is not None
-                    and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S and v[1]["step"] < last_step_below,
-                    timeout=timeouts.TRAINING_RUN, interval=1,
-                    description=f"RayJob {log.namespace}/{log.rayjob}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s "
-                                f"old while steps below {last_step_below} run")
+    ckpt, step, failure = wait_for(
+        latest, lambda v: v[2] is not None or (v[0] is not None and v[1] is not None
+                                               and v[1]["ts"] - v[0]["ts"] >= CHECKPOINT_SETTLE_S
+                                               and v[1]["step"] < last_step_below),
+        timeout=timeouts.TRAINING_RUN, interval=1,
+        description=f"RayJob {log.namespace}/{log.rayjob}: a checkpoint at least {CHECKPOINT_SETTLE_S:g} s "
+                    f"old while steps below {last_step_below} run")
+    assert failure is None, (
+        f"RayJob {log.namespace}/{log.rayjob}: training failed before the fault was injected "
+        f"(after {failure.get('seconds')} s): {failure.get('reason')}")
+    return ckpt, step
 
 
 def require_fail_fast_timeout(profile: Any, evidence: Any, consequence: str) -> float:

@@ -34,10 +34,24 @@ def test_default_profile_is_valid() -> None:
     ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
     ({"ray": {"headServiceType": "Ingress"}}, "field ray.headServiceType: must be one of ClusterIP"),
     ({"tenancy": {"namespaceIsolation": "none"}}, "field tenancy.namespaceIsolation: must be one of documented"),
+    ({"tenancy": {"rayClusters": "perNamespace"}}, "field tenancy.rayClusters: must be one of perTeam, shared"),
+    ({"network": {"workerIngress": {"from": []}}}, "field network.workerIngress: must be null (the design's policy)"),
+    ({"network": {"workerIngress": [{"from": [{"podSelecter": {}}]}]}}, "field network.workerIngress: must be null"),
 ])
 def test_bad_profiles_name_the_field(override: dict, message: str) -> None:
     with pytest.raises(profile_mod.ProfileError, match=re.escape(message)):
         profile_mod.load(override)
+
+
+def test_documented_worker_policy_comes_from_the_profile_or_the_design() -> None:
+    from chaos import block_collectives
+
+    head_only = [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]
+    profile = profile_mod.load({"network": {"workerIngress": head_only}})
+    assert block_collectives.documented_allow_policy({}, profile["network"]["workerIngress"])["spec"]["ingress"] == head_only
+    design = block_collectives.documented_allow_policy({}, profile_mod.load()["network"]["workerIngress"])["spec"]
+    assert design["podSelector"] == block_collectives.WORKERS
+    assert design["ingress"][0] == {"from": [{"podSelector": {}}]}, "the design admits the whole namespace"
 
 
 def test_wait_for_pods_ready_can_be_declared_off(tmp_path: Path) -> None:

@@ -33,6 +33,18 @@ def test_failure_reason_prefers_the_timeout_line():
     assert "\n" not in reason
 
 
+def test_failure_reason_names_a_ranks_own_error_before_ray_trains_wrapper():
+    class WorkerGroupError(RuntimeError):  # the shape of Ray Train V2's error
+        def __init__(self, message, worker_failures):
+            super().__init__(message)
+            self.worker_failures = worker_failures
+
+    storage = RuntimeError("Unable to set up cluster storage with the following settings:\nStorageContext<...>")
+    reason = failure_reason(WorkerGroupError("Training failed due to worker errors:\n[Rank 1 Error Snippet]",
+                                             {1: storage}))
+    assert reason == "rank 1: RuntimeError: Unable to set up cluster storage with the following settings:", reason
+
+
 def _results(*rows):
     return {"started": 100.0, "finished": 160.0, "host": "h", "results": list(rows)}
 

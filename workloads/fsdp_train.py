@@ -254,7 +254,9 @@ def _resources(args: argparse.Namespace) -> dict[str, float]:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """One line that names the root cause, preferring a line about a timeout."""
+    """One line that names the root cause: a line about a timeout first, then
+    the first line of a rank's own error (Ray Train's wrapper lines only say
+    that workers failed), then the first line."""
     texts = []
     seen = set()
     node: BaseException | None = exc
@@ -267,7 +269,8 @@ def failure_reason(exc: BaseException) -> str:
         node = node.__cause__ or node.__context__
     lines = [ln.strip() for t in texts for ln in t.splitlines() if ln.strip()]
     timeout_lines = [ln for ln in lines if re.search(r"timed out|timeout", ln, re.IGNORECASE)]
-    chosen = (timeout_lines or lines or [type(exc).__name__])[0]
+    rank_lines = [ln for ln in lines if re.match(r"rank \d+: ", ln)]
+    chosen = (timeout_lines or rank_lines or lines or [type(exc).__name__])[0]
     return chosen[:500]
 
 

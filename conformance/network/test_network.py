@@ -82,14 +82,18 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
 
 @pytest.mark.clause("NET-2")
 def test_documented_allow_policy_lets_training_run(lab, network_policy_enforcement, evidence) -> None:
-    """Under the design's documented worker policy (default-deny ingress except
-    from the same namespace -- GCS, object manager, collectives -- and metrics
-    from the monitoring namespace) the same training RayJob MUST succeed: the
-    positive control for NET-1."""
+    """Under the platform's documented worker policy (the profile's
+    network.workerIngress; by default the design's: default-deny ingress
+    except from the same namespace -- GCS, object manager, collectives -- and
+    metrics from the monitoring namespace) the same training RayJob MUST
+    succeed: the positive control for NET-1."""
     require_enforcement(network_policy_enforcement, evidence)
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
-    block_collectives.allow(str(lab.kubeconfig), ns, lab.labels)
+    ingress = lab.profile["network"]["workerIngress"]
+    source = "the design's" if ingress is None else "the profile's network.workerIngress"
+    policy = block_collectives.allow(str(lab.kubeconfig), ns, lab.labels, ingress)
+    evidence.record("worker_policy", {"source": source, "spec": policy["spec"]})
     name = lab.name("net2")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=8))
     status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
@@ -98,6 +102,7 @@ def test_documented_allow_policy_lets_training_run(lab, network_policy_enforceme
     evidence.record("rayjob", {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message")})
     evidence.record("finish", finish[-1] if finish else None)
     assert status.get("jobStatus") == "SUCCEEDED", (
-        f"training under the documented allow policy ended {status.get('jobStatus')}: {status.get('message')}; "
+        f"training under the platform's documented worker policy ({source}) ended {status.get('jobStatus')}: "
+        f"{status.get('message')}; "
         f"driver output:\n{lab.submitter_logs(ns, name)[-3000:]}")
     assert finish and finish[-1]["step"] == 8, f"the driver did not finish all 8 steps: {finish}"

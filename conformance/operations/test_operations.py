@@ -138,10 +138,15 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None
 
 @pytest.mark.clause("SEC-2")
 def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
-    """Teams MUST be isolated at the cluster level: a Ray node started in team
-    B's namespace MUST be refused by team A's GCS and never join it, while the
-    same node started in team A's own namespace joins (the probe's control),
-    and team A's GCS MUST list only nodes that are pods of team A's namespace."""
+    """Teams MUST be isolated at the cluster level: the platform MUST NOT share
+    a RayCluster across teams (the profile's tenancy.rayClusters), a Ray node
+    started in team B's namespace MUST be refused by team A's GCS and never
+    join it, while the same node started in team A's own namespace joins (the
+    probe's control), and team A's GCS MUST list only nodes that are pods of
+    team A's namespace."""
+    assert evidence.record("ray_clusters", lab.profile["tenancy"]["rayClusters"]) == "perTeam", (
+        "the platform shares one RayCluster across teams (tenancy.rayClusters: shared): one GCS serves several "
+        "teams, so one head failure reaches all of them")
     ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
     cluster = lab.name("team-a")
     evidence.record("namespace_isolation", lab.profile["tenancy"]["namespaceIsolation"])

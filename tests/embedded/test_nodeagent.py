@@ -371,6 +371,37 @@ def test_missing_command_is_a_start_error_and_fails_a_never_pod(env: Env, ns: st
     assert "executable file not found" in term.get("message", ""), term
 
 
+def test_shared_claims_are_seen_from_every_node_and_node_local_claims_only_from_their_node(env: Env, ns: str) -> None:
+    """rayproof-shared stands in for a network file system, rayproof-node-local for each node's own disk."""
+    from clusters.embedded.nodeagent.provisioner import NODE_LOCAL_CLASS, SHARED_CLASS
+
+    first, second = env.agent.node_names[:2]
+
+    def run(name: str, node: str, claim: str, script: str) -> str:
+        env.core.create_namespaced_pod(ns, _pod(env, name, [{
+            "name": "c", "image": "busybox", "command": ["sh", "-c", script],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}], nodeName=node, restartPolicy="Never",
+            volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]))
+        p = _wait_pod(env, ns, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "finished")
+        assert p["status"]["phase"] == "Succeeded", p["status"]
+        return env.core.read_namespaced_pod_log(name, ns).strip()
+
+    seen = {}
+    for storage_class in (SHARED_CLASS, NODE_LOCAL_CLASS):
+        claim = storage_class
+        env.core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": claim}, "spec": {
+            "accessModes": ["ReadWriteMany"], "storageClassName": storage_class,
+            "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda: env.core.read_namespaced_persistent_volume_claim(claim, ns).status.phase, lambda ph: ph == "Bound",
+                 timeout=timeouts.CONTROLLER_RECONCILE, description=f"claim {ns}/{claim} to be Bound")
+        read = "cat /data/marker 2>/dev/null || echo absent"
+        run(f"{claim}-write", first, claim, f"echo written-on-{first} > /data/marker")
+        seen[storage_class] = {"same node": run(f"{claim}-read-1", first, claim, read),
+                               "other node": run(f"{claim}-read-2", second, claim, read)}
+    assert seen[SHARED_CLASS] == {"same node": f"written-on-{first}", "other node": f"written-on-{first}"}, seen
+    assert seen[NODE_LOCAL_CLASS] == {"same node": f"written-on-{first}", "other node": "absent"}, seen
+
+
 def test_slow_pull_image_waits_in_container_creating(env: Env, ns: str) -> None:
     image = "rayproof.local/slow-pull/3/busybox:1.36"
     env.core.create_namespaced_pod(ns, _pod(env, "slow", [{"name": "c", "image": image,

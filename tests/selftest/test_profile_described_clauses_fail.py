@@ -4,7 +4,8 @@ A suite that cannot fail proves nothing. Each case runs the real clause (a
 pytest subprocess, exactly as `rayproof certify` runs it) against an embedded
 platform with the default settings and a certification profile that describes
 a misconfigured platform (a 1800 s collective timeout, no GCS fault
-tolerance, the dashboard on a NodePort, ...), and requires the clause's
+tolerance, the dashboard on a NodePort, checkpoints on node-local disks, one
+RayCluster shared across teams, ...), and requires the clause's
 outcome to be ``failed`` with a message that names the cause. The platform is
 one of its own, not the session's, so these runs do not queue behind the
 clauses in the worker that owns the session's platform.
@@ -32,9 +33,20 @@ CASES = [
     pytest.param("conformance/network/test_network.py::test_policy_blocking_collectives_fails_training_fast",
                  {"training": {"collectiveTimeout": "1800s"}}, ("above the fail-fast bound",),
                  id="net1-collective-timeout-left-at-30-minutes"),
+    # The platform documents a worker policy that admits traffic from the head
+    # only: the workers' collectives are dropped, as under NET-1's tightening.
+    pytest.param("conformance/network/test_network.py::test_documented_allow_policy_lets_training_run",
+                 {"network": {"workerIngress": [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]}},
+                 ("documented worker policy (the profile's network.workerIngress) ended FAILED",),
+                 id="net2-documented-policy-admits-the-head-only"),
     pytest.param("conformance/training/test_recovery.py::test_worker_preempted_mid_allreduce_resumes_from_checkpoint",
                  {"training": {"collectiveTimeout": "1800s"}}, ("above the fail-fast bound",),
                  id="trn1-collective-timeout-left-at-30-minutes"),
+    # Checkpoints on each node's own disk: a new cluster after the head's
+    # death cannot see them (or Ray Train refuses the storage outright).
+    pytest.param("conformance/training/test_recovery.py::test_head_pod_death_retries_and_resumes_from_shared_storage",
+                 {"training": {"checkpoints": {"storageClassName": "rayproof-node-local"}}},
+                 ("cluster storage", "shared storage"), id="trn2-checkpoints-on-node-local-disks"),
     pytest.param("conformance/operations/test_operations.py::test_ray_dashboard_not_exposed_without_authentication",
                  {"ray": {"headServiceType": "NodePort"}}, ("is type NodePort",),
                  id="sec1-dashboard-on-a-node-port"),
@@ -42,6 +54,13 @@ CASES = [
     pytest.param("conformance/operations/test_operations.py::test_no_ray_node_joins_another_teams_gcs",
                  {"tenancy": {"namespaceIsolation": "platform"}}, ("joined team A's GCS",),
                  id="sec2-namespaces-left-open-to-each-other"),
+    # One RayCluster for several teams: the other team's job runs on the hit head.
+    pytest.param("conformance/gcs/test_gcs.py::test_head_oom_stays_in_its_namespace",
+                 {"tenancy": {"rayClusters": "shared"}}, ("without progress during team A's head OOM",),
+                 id="gcs2-one-raycluster-shared-across-teams"),
+    pytest.param("conformance/operations/test_operations.py::test_no_ray_node_joins_another_teams_gcs",
+                 {"tenancy": {"rayClusters": "shared"}}, ("shares one RayCluster across teams",),
+                 id="sec2-one-raycluster-shared-across-teams"),
     pytest.param("conformance/operations/test_operations.py::test_finished_rayjob_cluster_is_torn_down",
                  {"operations": {"ttlSecondsAfterFinished": 600, "teardownWithin": "20s"}},
                  ("stayed held by an idle cluster",), id="ops1-finished-clusters-kept-for-ten-minutes"),

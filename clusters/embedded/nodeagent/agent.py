@@ -29,7 +29,7 @@ from clusters.embedded.nodeagent.events import EventRecorder
 from clusters.embedded.nodeagent.kube import ApiError, KubeClient, load_kubeconfig
 from clusters.embedded.nodeagent.logs_server import KubeletServer
 from clusters.embedded.nodeagent.pods import NodeContext, PodNetworkLike, PodWorker
-from clusters.embedded.nodeagent.provisioner import SharedDirProvisioner
+from clusters.embedded.nodeagent.provisioner import DirectoryProvisioner
 from clusters.embedded.nodeagent.registration import NodeRegistration
 from clusters.embedded.profile import Profile, load_profile
 from fixtures import timeouts
@@ -209,7 +209,7 @@ class NodeAgent:
         self.tools_dir = self.state_dir / "image-tools"
         self.nodes: list[Node] = []
         self.admin: KubeClient | None = None
-        self.provisioner: SharedDirProvisioner | None = None
+        self.provisioner: DirectoryProvisioner | None = None
         self.kubelet_version = "v0.0.0"
         self._started = False
         self._stopped = False
@@ -256,7 +256,7 @@ class NodeAgent:
         self.kubelet_version = self.admin.get("/version").get("gitVersion", "v0.0.0")
         pki = self._pki()
         self._started = True
-        self.provisioner = SharedDirProvisioner(KubeClient(creds, user_agent="rayproof-provisioner"), self.state_dir / "pvc")
+        self.provisioner = DirectoryProvisioner(KubeClient(creds, user_agent="rayproof-provisioner"), self.state_dir / "pvc")
         self.provisioner.start()
         try:
             for i, name in enumerate(self.node_names, start=1):

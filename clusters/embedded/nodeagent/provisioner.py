@@ -1,10 +1,18 @@
-"""A dynamic provisioner for the embedded platform's ``rayproof-shared`` StorageClass.
+"""A dynamic provisioner for the embedded platform's two StorageClasses.
 
-Stands in for a ReadWriteMany network file system (EFS, Filestore, CephFS):
-every claim of the class gets a PersistentVolume whose ``hostPath`` is one
-directory on this machine, which every node (all nodes are this machine)
-mounts, so checkpoints outlive pods and nodes as they would on shared
-storage. It runs in the node agent, acting like an external provisioner:
+* ``rayproof-shared`` (the default) stands in for a ReadWriteMany network file
+  system (EFS, Filestore, CephFS): every claim of the class gets a
+  PersistentVolume whose ``hostPath`` is one directory on this machine, which
+  every node (all nodes are this machine) mounts, so checkpoints outlive pods
+  and nodes as they would on shared storage.
+* ``rayproof-node-local`` stands in for a node's own disk (a hostPath or
+  local-disk provisioner without node affinity): the claim's PV names one
+  directory, and each node that mounts it sees its own subdirectory of it
+  (``volumes.py``), so what a pod writes is visible only to pods on the same
+  node. It is there to certify that a clause catches checkpoints on storage
+  that is not shared (TRN-2's self-test); no default uses it.
+
+It runs in the node agent, acting like an external provisioner:
 
 * a Pending claim of the class without a volume gets a PV ``pvc-<claim uid>``
   pre-bound to it (``claimRef``); kube-controller-manager's PV controller
@@ -25,18 +33,20 @@ from clusters.embedded.nodeagent.kube import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
 
-STORAGE_CLASS = "rayproof-shared"
-PROVISIONER = "rayproof.local/shared-dir"
+SHARED_CLASS = "rayproof-shared"
+NODE_LOCAL_CLASS = "rayproof-node-local"
+# StorageClass -> the provisioner name it carries in baseline.yaml
+PROVISIONERS = {SHARED_CLASS: "rayproof.local/shared-dir", NODE_LOCAL_CLASS: "rayproof.local/node-dir"}
 MARK = "rayproof.io/provisioned-by"
 RESYNC_S = 1.0
 
 
-class SharedDirProvisioner:
+class DirectoryProvisioner:
     def __init__(self, api: KubeClient, root: Path):
         self.api = api
         self.root = Path(root)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="shared-dir-provisioner", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="directory-provisioner", daemon=True)
 
     def start(self) -> None:
         self._thread.start()  # the root directory is made with the first volume
@@ -53,18 +63,19 @@ class SharedDirProvisioner:
             try:
                 self.sync()
             except Exception as exc:  # noqa: BLE001 - a controller keeps going; logged
-                log.warning("shared-dir provisioner: %s", exc)
+                log.warning("directory provisioner: %s", exc)
 
     def sync(self) -> None:
         claims = self.api.get("/api/v1/persistentvolumeclaims").get("items") or []
         for pvc in claims:
             spec, status = pvc.get("spec") or {}, pvc.get("status") or {}
-            if spec.get("storageClassName") != STORAGE_CLASS or spec.get("volumeName") or status.get("phase") != "Pending":
+            if spec.get("storageClassName") not in PROVISIONERS or spec.get("volumeName") or status.get("phase") != "Pending":
                 continue
             self._provision(pvc)
         for pv in self.api.get("/api/v1/persistentvolumes").get("items") or []:
             meta = pv.get("metadata") or {}
-            if (meta.get("annotations") or {}).get(MARK) == PROVISIONER and (pv.get("status") or {}).get("phase") == "Released":
+            if (meta.get("annotations") or {}).get(MARK) in PROVISIONERS.values() \
+                    and (pv.get("status") or {}).get("phase") == "Released":
                 self._delete(pv)
 
     def _provision(self, pvc: dict[str, Any]) -> None:
@@ -73,11 +84,13 @@ class SharedDirProvisioner:
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o777)
         size = ((pvc["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+        storage_class = pvc["spec"]["storageClassName"]
+        provisioner = PROVISIONERS[storage_class]
         pv = {"apiVersion": "v1", "kind": "PersistentVolume",
-              "metadata": {"name": f"pvc-{meta['uid']}", "annotations": {MARK: PROVISIONER,
-                                                                         "pv.kubernetes.io/provisioned-by": PROVISIONER}},
+              "metadata": {"name": f"pvc-{meta['uid']}", "annotations": {MARK: provisioner,
+                                                                         "pv.kubernetes.io/provisioned-by": provisioner}},
               "spec": {"capacity": {"storage": size}, "accessModes": pvc["spec"].get("accessModes") or ["ReadWriteMany"],
-                       "persistentVolumeReclaimPolicy": "Retain", "storageClassName": STORAGE_CLASS,
+                       "persistentVolumeReclaimPolicy": "Retain", "storageClassName": storage_class,
                        "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
                        "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": meta["namespace"],
                                     "name": meta["name"], "uid": meta["uid"]}}}

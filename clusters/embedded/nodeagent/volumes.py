@@ -12,7 +12,9 @@ What the kubelet's volume plugins do, for the volume types Ray pods use:
 * ``hostPath`` -- the host path itself (``DirectoryOrCreate``/``FileOrCreate``
   create it, the other types check it);
 * ``persistentVolumeClaim`` -- the PV's ``hostPath``/``local`` path when the
-  claim is bound to such a PV, otherwise one directory per claim under
+  claim is bound to such a PV (for a PV of the ``rayproof-node-local`` class,
+  the node's own subdirectory of it, as a node's disk), otherwise one
+  directory per claim under
   ``<state>/pvc/<namespace>/<claim>`` shared by every pod and node (all nodes
   are this machine), so checkpoints survive pods, as on networked storage.
 
@@ -34,6 +36,7 @@ from typing import Any, Callable, Mapping
 
 from clusters.embedded.nodeagent.envvars import expand, field_value
 from clusters.embedded.nodeagent.kube import ApiError, KubeClient
+from clusters.embedded.nodeagent.provisioner import NODE_LOCAL_CLASS
 from clusters.embedded.nodeagent.resources import container_resource, format_resource, parse_quantity
 
 # Volumes whose content the kubelet writes itself; they are read-only in containers.
@@ -253,6 +256,9 @@ class PodVolumes:
                 for key in ("hostPath", "local"):
                     if pv_spec.get(key) and pv_spec[key].get("path"):
                         p = Path(pv_spec[key]["path"])
+                        if pv_spec.get("storageClassName") == NODE_LOCAL_CLASS:
+                            p = p / self.pod["spec"]["nodeName"]
+                            p.mkdir(mode=0o777, parents=True, exist_ok=True)
                         p.mkdir(parents=True, exist_ok=True)
                         return p
             except ApiError:
