@@ -517,10 +517,10 @@ def test_agent_stop_leaves_nothing_behind(env: Env, tmp_path: Path) -> None:
                  description="pod creation (the namespace's service account may lag)", ignore=(ApiException,))
         _wait_pod(env, ns, "solo", lambda p: _condition(p, "Ready") == "True", "Ready")
         # Ready means the container started; its shell forks the two sleeps just after.
-        before = wait_for(lambda: _agent_traces(tmp_path / "agent"),
-                          lambda t: len(t["processes"]) >= 3 and t["cgroups"] and t["netns"] and t["mounts"],
-                          timeout=timeouts.CONTAINER_TRANSITION,
-                          description="the pod's shell and both sleeps running, with its cgroup, netns and mount")
+        wait_for(lambda: _agent_traces(tmp_path / "agent"),
+                 lambda t: len(t["processes"]) >= 3 and t["cgroups"] and t["netns"] and t["mounts"],
+                 timeout=timeouts.CONTAINER_TRANSITION,
+                 description="the pod's shell and both sleeps running, with its cgroup, netns and mount")
         agent.stop()
         after = _agent_traces(tmp_path / "agent")
         assert after == {"processes": [], "cgroups": [], "netns": [], "pod_dirs": [], "mounts": []}, after
