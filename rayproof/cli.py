@@ -5,9 +5,11 @@ import argparse
 import json
 import os
 import platform as pyplatform
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # fixtures.kube.PREFLIGHT_EXIT: pytest ended before any clause (bad options or preflight).
@@ -65,8 +67,16 @@ def target_rows(target: dict | None) -> dict[str, str]:
     return rows
 
 
+# `certify` runs the clauses in two pytest-xdist workers, as `rayproof test`
+# does: one owns the certified cluster and runs the Kubernetes clauses on it
+# one at a time (they share its capacity), the other runs the runtime tier
+# (local Ray clusters on this machine) beside it.
+CERTIFY_WORKERS = ["-n", "2", "--dist", "loadgroup"]
+
+
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
+    from conformance import profile as profile_mod
     from reports import summary as summary_mod
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
@@ -77,27 +87,30 @@ def cmd_certify(args: argparse.Namespace) -> int:
         print("rayproof: --platform-name and --platform-profile apply to the embedded platform, not to --kubeconfig",
               file=sys.stderr)
         return 2
-    if args.profile:
-        from conformance import profile as profile_mod
-
-        try:
-            profile_mod.load(args.profile)
-        except profile_mod.ProfileError as exc:
-            print(f"rayproof: bad profile: {exc}", file=sys.stderr)
-            return 2
+    try:
+        profile = profile_mod.load(args.profile)
+    except profile_mod.ProfileError as exc:
+        print(f"rayproof: bad profile: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     results = out / "results.json"
-    print(f"rayproof: certifying; reports go to {out}", flush=True)
-    pytest_args = [str(REPO / "conformance"), "-v", f"--junitxml={out / 'junit.xml'}", f"--alluredir={out / 'allure-results'}",
-                   f"--rayproof-results={results}", "-o", "junit_family=xunit2"]
-    if args.k:
-        pytest_args += ["-k", args.k]
-    for option in ("kubeconfig", "context", "profile", "platform_name", "platform_profile"):
-        if getattr(args, option):
-            pytest_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     began = time.monotonic()
-    rc = _pytest(pytest_args)
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so a platform this
+    # run brought up comes down again.
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        target = _open_certified_cluster(args, profile)
+        if target is None:
+            return PREFLIGHT_EXIT
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            print(f"rayproof: certifying; reports go to {out}", flush=True)
+            described = {**target.describe(), "certification_profile": profile.source}
+            rc = _pytest([*CERTIFY_WORKERS, *_certify_pytest_args(args, out, results)])
+        finally:
+            target.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if rc == PREFLIGHT_EXIT:
         print("rayproof: the cluster cannot be certified as it is (see the message above); nothing was created",
               file=sys.stderr)
@@ -105,11 +118,53 @@ def cmd_certify(args: argparse.Namespace) -> int:
     if not results.exists():
         print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
         return rc or 1
-    platform = {**local_platform(), **target_rows(json.loads(results.read_text()).get("target"))}
+    recorded = json.loads(results.read_text())
+    recorded["target"] = described  # the workers each know it; the run's record keeps it once
+    results.write_text(json.dumps(recorded, indent=2, default=str))
+    platform = {**local_platform(), **target_rows(described)}
     platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"
     summary = summary_mod.write(results, platform, out)
     print(f"rayproof: {summary['verdict']} — {summary['counts']} — {out / 'certification.md'}")
     return 0 if summary["verdict"] == "CERTIFIED" else 1
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
+    """The cluster to certify (the embedded platform brought up when it is not
+    running), checked by preflight; None, with the reason printed, when it
+    cannot be certified. The workers connect to it; this process owns it."""
+    from clusters import open_target
+    from clusters.preflight import PreflightError, preflight
+
+    try:
+        target = open_target(args.kubeconfig, context=args.context, platform_name=args.platform_name,
+                             platform_profile=args.platform_profile,
+                             progress=lambda m: print(f"rayproof: {m}", flush=True))
+    except (FileNotFoundError, ValueError) as exc:  # a bad --kubeconfig, platform name or platform profile
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return None
+    try:
+        preflight(target.api_client(), profile)
+    except PreflightError as exc:
+        target.close()
+        print(f"rayproof preflight: {exc}", file=sys.stderr)
+        print("rayproof: the cluster cannot be certified as it is; nothing was created", file=sys.stderr)
+        return None
+    return target
+
+
+def _certify_pytest_args(args: argparse.Namespace, out: Path, results: Path) -> list[str]:
+    pytest_args = [str(REPO / "conformance"), "-v", f"--junitxml={out / 'junit.xml'}",
+                   f"--alluredir={out / 'allure-results'}", f"--rayproof-results={results}", "-o", "junit_family=xunit2"]
+    if args.k:
+        pytest_args += ["-k", args.k]
+    for option in ("kubeconfig", "context", "profile", "platform_name", "platform_profile"):
+        if getattr(args, option):
+            pytest_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    return pytest_args
 
 
 def cmd_report(args: argparse.Namespace) -> int:

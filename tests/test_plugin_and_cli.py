@@ -57,3 +57,33 @@ def test_report_command_rebuilds_summary_without_a_cluster(tmp_path, capsys):
 def test_report_command_on_missing_file_says_what_to_pass(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "nope.json")]) == 2
     assert "pass the results.json of a certification run" in capsys.readouterr().err
+
+
+def test_certify_with_a_bad_profile_says_which_field_and_creates_nothing(tmp_path, capsys):
+    bad = tmp_path / "profile.yaml"
+    bad.write_text("training:\n  collectiveTimeout: soon\n")
+    out = tmp_path / "out"
+    assert cli.main(["certify", "--profile", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "bad profile" in err and "field training.collectiveTimeout" in err, err
+    assert not out.exists()
+
+
+def test_certify_against_a_missing_kubeconfig_says_what_to_pass(tmp_path, capsys):
+    assert cli.main(["certify", "--kubeconfig", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert "does not exist; pass the path of a kubeconfig file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_certify_against_an_unreachable_api_server_stops_at_preflight(tmp_path, capsys):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    out = tmp_path / "out"
+    assert cli.main(["certify", "--kubeconfig", str(kubeconfig), "--out", str(out)]) == cli.PREFLIGHT_EXIT
+    err = capsys.readouterr().err
+    assert "cannot reach the API server at https://127.0.0.1:1" in err and "nothing was created" in err, err
+    assert not out.exists()
