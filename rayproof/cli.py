@@ -303,5 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
 
-    args = parser.parse_args(argv)
+    # `test` hands every argument it does not know to pytest (`rayproof test -k ADM -x`).
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "test":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        args.pytest_args = [*unknown, *args.pytest_args]
     return args.func(args)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rayproof import cli
 
 CLAUSE_OK = '''
@@ -87,3 +89,12 @@ def test_certify_against_an_unreachable_api_server_stops_at_preflight(tmp_path, 
     err = capsys.readouterr().err
     assert "cannot reach the API server at https://127.0.0.1:1" in err and "nothing was created" in err, err
     assert not out.exists()
+
+
+def test_test_command_hands_pytest_options_to_pytest(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "_pytest", lambda args: seen.append(args) or 0)
+    assert cli.main(["test", "-k", "ADM", "-x"]) == 0
+    assert seen[0][-3:] == ["-k", "ADM", "-x"] and seen[0][:4] == ["-n", "2", "--dist", "loadgroup"], seen
+    with pytest.raises(SystemExit):
+        cli.main(["report", "results.json", "-k", "ADM"])
