@@ -38,6 +38,12 @@ def test_results_carry_clause_must_evidence_and_not_applicable(pytester):
     assert rows["T-2"]["outcome"] == "not_applicable"
 
 
+def test_clauses_are_selected_by_their_id(pytester):
+    _suite(pytester, CLAUSE_OK)
+    pytester.runpytest("conformance", "-k", "T-1").assert_outcomes(passed=1)
+    pytester.runpytest("conformance", "-k", "T-").assert_outcomes(passed=1, skipped=1)
+
+
 def test_conformance_test_without_clause_or_must_is_refused(pytester):
     _suite(pytester, 'import pytest\n\ndef test_bare():\n    pass\n\n'
                      '@pytest.mark.clause("T-3")\ndef test_no_must():\n    """Says nothing binding."""\n')
