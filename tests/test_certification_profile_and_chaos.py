@@ -150,3 +150,29 @@ def test_waiting_on_a_queued_rayjob_without_a_workload_ends_early_naming_the_cau
         assert out["elapsed_s"] < 2 and "Kueue does not manage RayJobs" in out["cause"]
     else:
         assert out["elapsed_s"] >= 3 and out["cause"] is None
+
+
+def test_lab_teardown_deletes_its_namespaces_even_when_deleting_ray_objects_fails() -> None:
+    """The namespaces of a test go at teardown whatever happens before: here the
+    API refuses to delete Ray objects, and both namespaces are still deleted."""
+    import contextlib
+    import types
+
+    from kubernetes.client import ApiException
+
+    from fixtures.kube import Lab
+
+    deleted = []
+    lab = Lab.__new__(Lab)
+    lab.namespaces, lab.key = ["rp-x-a", "rp-x-b"], "x"
+
+    def refuse(*args, **kwargs):
+        raise ApiException(status=500, reason="etcd is unhappy")
+
+    lab.custom = types.SimpleNamespace(delete_collection_namespaced_custom_object=refuse)
+    lab.core = types.SimpleNamespace(
+        delete_namespace=lambda name, **kw: deleted.append(name),
+        list_namespace=lambda **kw: types.SimpleNamespace(items=[]))
+    with pytest.raises(ApiException), contextlib.ExitStack() as stack:
+        stack.callback(lab._delete_namespaces)
+    assert deleted == ["rp-x-a", "rp-x-b"]
