@@ -258,7 +258,8 @@ class PodVolumes:
                         p = Path(pv_spec[key]["path"])
                         if pv_spec.get("storageClassName") == NODE_LOCAL_CLASS:
                             p = p / self.pod["spec"]["nodeName"]
-                            p.mkdir(mode=0o777, parents=True, exist_ok=True)
+                            p.mkdir(parents=True, exist_ok=True)
+                            p.chmod(0o777)  # as the provisioner leaves the claim's directory
                         p.mkdir(parents=True, exist_ok=True)
                         return p
             except ApiError:
