@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# fixtures.kube.PREFLIGHT_EXIT: pytest ended before any clause (bad options or preflight).
+# Two pytest-xdist workers, for `test` and `certify` alike: one owns the
+# certified cluster and runs everything on it one test at a time (the clauses
+# share its capacity), the other runs the rest beside it (units, platform
+# components, the runtime tier's local Ray clusters).
+WORKERS = ["-n", "2", "--dist", "loadgroup"]
+# The cluster cannot be certified as it is (bad cluster options or preflight); nothing was
+# created. The same status as fixtures.kube.PREFLIGHT_EXIT, for a plain pytest run.
 PREFLIGHT_EXIT = 4
 
 
@@ -29,7 +35,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     # Kubernetes clauses, their self-tests), one test at a time; the other
     # runs everything else (units, platform components, the runtime tier).
     parallel = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args.pytest_args) \
-        else ["-n", "2", "--dist", "loadgroup"]
+        else WORKERS
     return _pytest([*parallel, str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
 
 
@@ -67,16 +73,10 @@ def target_rows(target: dict | None) -> dict[str, str]:
     return rows
 
 
-# `certify` runs the clauses in two pytest-xdist workers, as `rayproof test`
-# does: one owns the certified cluster and runs the Kubernetes clauses on it
-# one at a time (they share its capacity), the other runs the runtime tier
-# (local Ray clusters on this machine) beside it.
-CERTIFY_WORKERS = ["-n", "2", "--dist", "loadgroup"]
-
-
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
     from conformance import profile as profile_mod
+    from fixtures import janitor
     from reports import summary as summary_mod
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
@@ -97,7 +97,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
     began = time.monotonic()
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so a platform this
     # run brought up comes down again.
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    previous = signal.signal(signal.SIGTERM, janitor.unwind_on_sigterm)
     try:
         target = _open_certified_cluster(args, profile)
         if target is None:
@@ -106,15 +106,11 @@ def cmd_certify(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             print(f"rayproof: certifying; reports go to {out}", flush=True)
             described = {**target.describe(), "certification_profile": profile.source}
-            rc = _pytest([*CERTIFY_WORKERS, *_certify_pytest_args(args, out, results)])
+            rc = _pytest([*WORKERS, *_certify_pytest_args(args, out, results)])
         finally:
             target.close()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if rc == PREFLIGHT_EXIT:
-        print("rayproof: the cluster cannot be certified as it is (see the message above); nothing was created",
-              file=sys.stderr)
-        return rc
     if not results.exists():
         print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
         return rc or 1
@@ -126,10 +122,6 @@ def cmd_certify(args: argparse.Namespace) -> int:
     summary = summary_mod.write(results, platform, out)
     print(f"rayproof: {summary['verdict']} — {summary['counts']} — {out / 'certification.md'}")
     return 0 if summary["verdict"] == "CERTIFIED" else 1
-
-
-def _raise_keyboard_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:

@@ -256,11 +256,12 @@ class PodVolumes:
                 for key in ("hostPath", "local"):
                     if pv_spec.get(key) and pv_spec[key].get("path"):
                         p = Path(pv_spec[key]["path"])
-                        if pv_spec.get("storageClassName") == NODE_LOCAL_CLASS:
+                        node_local = pv_spec.get("storageClassName") == NODE_LOCAL_CLASS
+                        if node_local:
                             p = p / self.pod["spec"]["nodeName"]
-                            p.mkdir(parents=True, exist_ok=True)
-                            p.chmod(0o777)  # as the provisioner leaves the claim's directory
                         p.mkdir(parents=True, exist_ok=True)
+                        if node_local:
+                            p.chmod(0o777)  # as the provisioner leaves the claim's directory
                         return p
             except ApiError:
                 pass
