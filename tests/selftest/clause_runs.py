@@ -40,17 +40,22 @@ def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platfo
     if platform_profile is not None:
         argv += ["--platform-profile", str(platform_profile)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds)
+    (tmp_path / "run.log").write_text(proc.stdout + proc.stderr)
     assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
     assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
-    return rows[-1]
+    # What the run printed (its evidence on failure: objects, events, logs), for a self-test that fails.
+    return {**rows[-1], "output": proc.stdout}
 
 
 def expect_failure(row: dict[str, Any], *causes: str) -> None:
     """The clause failed, and its message names one of ``causes``."""
-    assert row["outcome"] == "failed", f"{row['clause']} {row['outcome']} on a platform that breaks it: {row['message'][:500]}"
+    output = row.get("output", "")
+    assert row["outcome"] == "failed", (f"{row['clause']} {row['outcome']} on a platform that breaks it: "
+                                        f"{row['message'][:500]}\n--- the clause run's output, last part:\n{output[-6000:]}")
     assert any(c.lower() in row["message"].lower() for c in causes), (
-        f"{row['clause']} failed, but its message does not name the cause ({causes}): {row['message'][:800]}")
+        f"{row['clause']} failed, but its message does not name the cause ({causes}): {row['message'][:800]}"
+        f"\n--- the clause run's output, last part:\n{output[-12000:]}")
 
 
 def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, profile: dict) -> Iterator[tuple[str, Path]]:
