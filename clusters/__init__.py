@@ -32,6 +32,11 @@ class Target(Protocol):
     def describe(self) -> dict[str, Any]:
         """Server, versions (Kubernetes, KubeRay, Kueue), node count and shape, for the report."""
 
+    def diagnose(self) -> str:
+        """The platform's own health, as text for a failed test's evidence:
+        nodes not Ready or under pressure, and (embedded) a platform process
+        that is not running, with its log's last lines."""
+
     def close(self) -> None:
         """Leave the cluster as it was found (the embedded one is taken down
         only when this process brought it up)."""

@@ -48,6 +48,9 @@ class ExistingCluster:
         info["versions"].update(operator_versions(api))
         return info
 
+    def diagnose(self) -> str:
+        return node_health(self.api_client())
+
     def close(self) -> None:
         """Nothing to do: the cluster was here before and stays."""
 
@@ -69,6 +72,22 @@ def describe_cluster(api: Any) -> dict[str, Any]:
         "nodes": len(nodes),
         "node_shapes": shapes,
     }
+
+
+def node_health(api: Any) -> str:
+    """One line per node that is not Ready or reports a pressure condition; "all N nodes Ready" otherwise."""
+    from kubernetes import client
+
+    nodes = client.CoreV1Api(api).list_node().items
+    bad = []
+    for node in nodes:
+        conds = {c.type: c for c in node.status.conditions or []}
+        ready = conds.get("Ready")
+        pressure = [t for t, c in conds.items() if t != "Ready" and c.status == "True"]
+        if not ready or ready.status != "True" or pressure:
+            bad.append(f"node {node.metadata.name}: Ready={ready.status if ready else 'absent'}"
+                       f" ({ready.reason if ready else ''}: {ready.message if ready else ''}); conditions true: {pressure}")
+    return "\n".join(bad) if bad else f"all {len(nodes)} nodes Ready, none under pressure"
 
 
 def operator_versions(api: Any) -> dict[str, str]:

@@ -7,10 +7,12 @@ from typing import Any
 from clusters import Progress
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
-from clusters.existing import describe_cluster
+from clusters.existing import describe_cluster, node_health
 from fixtures import janitor
 
 DEFAULT_TARGET_NAME = "default"
+# How much of an unhealthy platform process's log a failed test's evidence shows.
+LOG_TAIL_LINES = 40
 
 
 class EmbeddedTarget:
@@ -60,6 +62,19 @@ class EmbeddedTarget:
                                  "etcd": pins.get("etcd")})
         info["platform_profile"] = self.platform.profile.as_dict()
         return info
+
+    def diagnose(self) -> str:
+        """Node health, and every platform process that is not healthy with its log's last lines."""
+        parts = [node_health(self.api_client())]
+        health = self.platform.health()
+        sick = {name: why for name, why in health.items() if why != "ok"}
+        parts.append(f"platform {self.platform.name}: " + (f"unhealthy {sick}" if sick else
+                                                           f"all {len(health)} processes healthy"))
+        for rec in self.platform.supervisor.records():
+            if rec.name in sick:
+                lines = Path(rec.log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if Path(rec.log).exists() else []
+                parts.append(f"--- {rec.name} (PID {rec.pid}), last {len(lines)} lines of {rec.log}\n" + "\n".join(lines))
+        return "\n".join(parts)
 
     def close(self) -> None:
         if self.started_here:

@@ -94,3 +94,19 @@ def test_profile_naming_missing_objects_is_rejected(kube_api) -> None:
 def test_the_embedded_platform_passes_preflight(kube_api) -> None:
     found = pf.preflight(kube_api, profile_mod.load())
     assert found["kubernetes"].startswith("v1."), found
+
+
+def test_platform_health_in_failure_evidence_names_a_dead_process_and_its_log(target, monkeypatch) -> None:
+    """What a failed test's evidence says of the platform: all well here; and,
+    for a process reported dead, its name and its log's last lines."""
+    text = target.diagnose()
+    assert "nodes Ready, none under pressure" in text and "processes healthy" in text, text
+    if target.kind != "embedded":
+        return
+    rec = target.platform.supervisor.records()[0]
+    health = {**target.platform.health(), rec.name: "not running"}
+    monkeypatch.setattr(target.platform, "health", lambda: health)
+    text = target.diagnose()
+    last_line = Path(rec.log).read_text(errors="replace").splitlines()[-1]
+    assert f"unhealthy {{'{rec.name}': 'not running'}}" in text and f"--- {rec.name} (PID {rec.pid})" in text, text
+    assert last_line in text, text
