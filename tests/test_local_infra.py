@@ -10,8 +10,8 @@ import pytest
 
 from fixtures import janitor, netns, timeouts
 from fixtures.cgroups import MemoryCgroup
-from fixtures.local_ray import (AGENT_STARTUP_NICE, STARTUP_RESTARTS, RayNode, RayNodeExited,
-                                favour_agent_while_starting, new_run_id)
+from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
+from fixtures.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
 from fixtures.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
@@ -133,9 +133,9 @@ def test_dashboard_agent_is_favoured_until_its_port_file_exists(tmp_path):
     agent_py.write_text("import sys; sys.stdin.read()\n")
     temp_dir = tmp_path / "node"
     start = subprocess.Popen(["sh", "-c", f"{sys.executable} -S {agent_py}; exit 0"], stdin=subprocess.PIPE)
-    node = RayNode(name="w1", role="worker", host=None, argv=[], env={}, temp_dir=temp_dir,  # type: ignore[arg-type]
-                   log_path=tmp_path / "w1.log", proc=start)
-    watcher = threading.Thread(target=favour_agent_while_starting, args=(node, start))
+    children = lambda: [c.pid for c in psutil.Process(start.pid).children(recursive=True)]  # noqa: E731
+    watcher = threading.Thread(target=favour_dashboard_agent_while_starting,
+                               args=(children, temp_dir, lambda: start.poll() is None))
     watcher.start()
     try:
         def agent_nice() -> int | None:

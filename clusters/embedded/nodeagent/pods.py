@@ -48,6 +48,7 @@ from clusters.embedded.nodeagent.kube import ApiError, KubeClient
 from clusters.embedded.nodeagent.probes import ProbeWorker, run_probe
 from clusters.embedded.nodeagent.resources import memory_limit_bytes
 from clusters.embedded.nodeagent.volumes import PodVolumes, VolumeError
+from fixtures.ray_agent import favour_dashboard_agent_while_starting
 
 log = logging.getLogger(__name__)
 
@@ -637,6 +638,14 @@ class PodWorker:
         )
         inst = self.node.runtime.new_instance(self.uid, cs.name, restart, self.dir, self._on_exit)
         inst.start(spec)
+        if img.entry == "ray" and inst.cgroup is not None:
+            # This machine's cores are shared by every node, so a starting Ray
+            # node can lose its raylet's fixed 15 s race with its dashboard
+            # agent (fixtures/ray_agent.py); the agent gets precedence inside
+            # the container's own session until it has written its port.
+            threading.Thread(target=favour_dashboard_agent_while_starting,
+                             args=(inst.cgroup.pids, inst.dir / "tmp" / "ray", lambda: inst.running),
+                             name=f"agent-start-{self.name}-{cs.name}-{restart}", daemon=True).start()
         cs.instance = inst
         cs.waiting = None
         cs.retry_at = None
