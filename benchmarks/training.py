@@ -69,7 +69,9 @@ def run(workdir: Path) -> dict:
     return figures
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    if argv:
+        raise SystemExit(f"rayproof bench training takes no options (got {' '.join(argv)})")
     with tempfile.TemporaryDirectory(prefix="rayproof-bench-") as tmp:
         figures = run(Path(tmp) / "cluster")
     print(json.dumps({"benchmark": "training", "machine": machine(), "figures": figures}, indent=2))

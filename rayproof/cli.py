@@ -231,7 +231,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Print benchmark figures (not pass/fail) with the machine they ran on."""
     import importlib
 
-    return int(importlib.import_module(f"benchmarks.{args.name}").main())
+    return int(importlib.import_module(f"benchmarks.{args.name}").main(args.options))
 
 
 def cmd_platform(args: argparse.Namespace) -> int:
@@ -281,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("bench", help=cmd_bench.__doc__)
-    p.add_argument("name", choices=["training"], help="which benchmark")
+    p.add_argument("name", choices=["training", "certification"],
+                   help="training: step, checkpoint and restart figures on a local Ray cluster; certification: "
+                        "a certify run's wall time and where this machine's CPU went")
+    p.add_argument("options", nargs=argparse.REMAINDER,
+                   help="certification only: certify's options (-k, --kubeconfig, --profile, ...)")
     p.set_defaults(func=cmd_bench)
 
     for name, text in (("up", "start the embedded Kubernetes platform (idempotent); prints the kubeconfig"),

@@ -1,0 +1,155 @@
+"""Where a certification's time and this machine's CPU go.
+
+Run with ``bin/rayproof bench certification [certify options]``. It runs
+``rayproof certify`` (the embedded platform by default; any ``certify``
+option, such as ``-k`` or ``--kubeconfig``, is passed on) while it reads
+every process's CPU time from ``/proc`` every ``SAMPLE_S`` seconds, and
+prints:
+
+* the wall time and certify's exit status;
+* CPU-seconds used on this machine, by component (control-plane programs,
+  the node agent, each kind of Ray process, pytest);
+* the machine's busy share during the run, and the CPU floor: the busy
+  CPU-seconds divided by the cores, the shortest wall time in which this
+  machine could do the same work however the clauses were arranged.
+
+Against an existing cluster only the local share is measured (pytest and the
+runtime tier's local Ray clusters). A process that lives for less than one
+sample interval is missed, and one that ends is counted as of its last sample,
+so the figures are a slight undercount; the machine-wide busy share comes from
+``/proc/stat`` and misses nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.training import machine
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_S = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# (substring of the command line or process name, component); the first match wins.
+COMPONENTS = [
+    ("kube-apiserver", "kube-apiserver"), ("kube-controller-manager", "kube-controller-manager"),
+    ("kube-scheduler", "kube-scheduler"), ("/etcd", "etcd"), ("kuberay-operator", "kuberay-operator"),
+    ("kueue", "kueue"), ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
+    ("redis-server", "redis (GCS fault tolerance)"), ("gcs_server", "ray: gcs_server"), ("raylet", "ray: raylet"),
+    ("dashboard/agent.py", "ray: dashboard agent"), ("ray::DashboardAgent", "ray: dashboard agent"),
+    ("runtime_env/agent", "ray: runtime-env agent"), ("dashboard/dashboard.py", "ray: dashboard"),
+    ("ray::Dashboard", "ray: dashboard"), ("log_monitor.py", "ray: log monitor"),
+    ("ray.util.client.server", "ray: client server"), ("autoscaler/_private/monitor.py", "ray: autoscaler monitor"),
+    ("bin/ray start", "ray: `ray start`"), ("ray::RayTrainWorker", "ray: training workers"),
+    ("ray::TrainController", "ray: train controller"), ("ray::", "ray: other workers and actors"),
+    ("default_worker.py", "ray: other workers and actors"), ("rayproof bench", "this benchmark"),
+    ("pytest", "pytest"), ("sys.stdin.readline()", "pytest"), ("rayproof", "pytest"),  # xdist workers: execnet's bootstrap
+]
+
+
+def component_of(cmdline: str, name: str) -> str:
+    """The component a process belongs to, from its command line and process name."""
+    for pattern, component in COMPONENTS:
+        if pattern in cmdline or pattern in name:
+            return component
+    return "python (other)" if "python" in (cmdline.split() or [""])[0] else "other"
+
+
+class ProcessCpu:
+    """CPU seconds each process used since the first sample, summed by component."""
+
+    def __init__(self, proc: Path = Path("/proc"), classify: Callable[[str, str], str] = component_of) -> None:
+        self._proc = proc
+        self._classify = classify
+        self._baseline: dict[str, float] | None = None  # what processes alive at the start had used
+        self._seen: dict[str, tuple[str, float]] = {}  # "pid:starttime" -> (component, cpu seconds)
+
+    def sample(self) -> None:
+        current = {}
+        for entry in self._proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2:].split()
+                key = f"{entry.name}:{fields[19]}"  # a pid with its start time: pids are reused
+                cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+                component = self._seen[key][0] if key in self._seen else self._classify(
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"), name)
+            except (OSError, ValueError, IndexError):
+                continue  # the process ended while being read
+            current[key] = (component, cpu_s)
+        self._seen.update(current)
+        if self._baseline is None:
+            self._baseline = {key: cpu for key, (_, cpu) in current.items()}
+
+    def by_component(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for key, (component, cpu_s) in self._seen.items():
+            used = cpu_s - (self._baseline or {}).get(key, 0.0)
+            totals[component] = totals.get(component, 0.0) + used
+        return {c: round(s, 1) for c, s in sorted(totals.items(), key=lambda kv: -kv[1]) if s >= 0.05}
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, idle) clock ticks of the whole machine since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return user + nice + system + irq + softirq + steal, idle + iowait
+
+
+def run(certify_args: list[str]) -> dict:
+    processes = ProcessCpu()
+    processes.sample()
+    busy0, idle0 = cpu_jiffies()
+    began = time.monotonic()
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.wait(SAMPLE_S):  # a sampling period, not a wait for anything
+            processes.sample()
+
+    thread = threading.Thread(target=sampler, name="cpu-sampler", daemon=True)
+    thread.start()
+    try:
+        rc = subprocess.call([sys.executable, "-m", "rayproof", "certify", *certify_args], cwd=REPO)
+    finally:
+        stop.set()
+        thread.join()
+    processes.sample()
+    wall = time.monotonic() - began
+    busy1, idle1 = cpu_jiffies()
+    busy_s = (busy1 - busy0) / CLOCK_TICKS
+    idle_s = (idle1 - idle0) / CLOCK_TICKS
+    cores = os.cpu_count() or 1
+    by_component = processes.by_component()
+    return {
+        "certify_exit_status": rc,
+        "wall_s": round(wall),
+        "machine_busy_cpu_s": round(busy_s),
+        "machine_busy_share": round(busy_s / (busy_s + idle_s), 2) if busy_s + idle_s else None,
+        "cpu_floor_s": round(busy_s / cores),
+        "cpu_s_by_component": by_component,
+        "cpu_s_processes_counted": round(sum(by_component.values())),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    figures = run(list(argv or []))
+    print(json.dumps({"benchmark": "certification", "certify_args": list(argv or []), "machine": machine(),
+                      "figures": figures}, indent=2))
+    if figures["certify_exit_status"] != 0:
+        print(f"rayproof bench: certify exited {figures['certify_exit_status']}; the figures cover a run that "
+              "did not certify", file=sys.stderr)
+    return figures["certify_exit_status"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

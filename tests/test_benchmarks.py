@@ -1,0 +1,57 @@
+"""The certification benchmark's CPU accounting (the benchmark itself runs a whole certification)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from benchmarks.certification import ProcessCpu, component_of
+
+VENV = "/root/.cache/rayproof/venv-x/bin/python3"
+SITE = "/root/.cache/rayproof/venv-x/lib/python3.11/site-packages/ray"
+
+
+def test_components_are_told_apart_by_command_line():
+    cases = {
+        (f"/root/.cache/rayproof/bin/abc/kube-apiserver --etcd-servers=http://127.0.0.1:2379", "kube-apiserver"):
+            "kube-apiserver",
+        (f"{VENV} -m clusters.embedded.nodeagent run --kubeconfig k", "python3"): "node agent",
+        (f"{VENV} {SITE}/../../bin/ray start --block --head", "ray"): "ray: `ray start`",
+        (f"{SITE}/core/src/ray/raylet/raylet --dashboard_agent_command={VENV} -u {SITE}/dashboard/agent.py", "raylet"):
+            "ray: raylet",
+        (f"{VENV} -u {SITE}/dashboard/agent.py --node-id=1", "python3"): "ray: dashboard agent",
+        ("ray::DashboardAgent", "ray::Dashboard"): "ray: dashboard agent",
+        (f"{VENV} {SITE}/dashboard/dashboard.py --host=0.0.0.0", "python3"): "ray: dashboard",
+        ("ray::RayTrainWorker.train_fn", "ray::RayTrainWor"): "ray: training workers",
+        (f"{VENV} -c import sys;exec(eval(sys.stdin.readline()))", "python"): "pytest",
+        ("/usr/bin/redis-server 0.0.0.0:6379", "redis-server"): "redis (GCS fault tolerance)",
+        ("/usr/bin/python3 /tmp/x.py", "python3"): "python (other)",
+        ("/usr/sbin/sshd -D", "sshd"): "other",
+    }
+    assert {key: component_of(*key) for key in cases} == cases
+
+
+def test_cpu_used_after_the_first_sample_is_counted_and_earlier_use_is_not():
+    marker = "rayproof-test-burner"
+    burn = ("import sys, time\n"
+            "start = time.process_time()\n"
+            "while time.process_time() - start < 0.6: pass\n"
+            "print('burnt', flush=True)\n"
+            "sys.stdin.read()\n")  # stays alive until the test closes its stdin
+    before = subprocess.Popen([sys.executable, "-c", burn, marker], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert before.stdout.readline().strip() == "burnt"  # used 0.6 s before sampling began
+        cpu = ProcessCpu(classify=lambda cmdline, name: "burner" if marker in cmdline else "rest")
+        cpu.sample()
+        after = subprocess.Popen([sys.executable, "-c", burn, marker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert after.stdout.readline().strip() == "burnt"
+            cpu.sample()
+        finally:
+            after.communicate("")
+    finally:
+        before.communicate("")
+    counted = cpu.by_component().get("burner", 0.0)
+    # The later child's 0.6 s (plus its start-up) is counted; the earlier one's is not.
+    assert 0.5 <= counted < 1.15, counted
+
