@@ -181,50 +181,12 @@ def cmd_clean(args: argparse.Namespace) -> int:
     """Remove what interrupted runs left behind (only runs whose owner process is gone)."""
     from fixtures import janitor
 
-    runs = janitor.orphaned_runs()
-    for run_id in runs:
-        removed = janitor.clean_run(run_id)
-        print(f"rayproof: run {run_id}: removed {', '.join(removed)}")
-    cleaned = []
-    for line in _down_orphaned_platforms():
+    swept = janitor.sweep(cluster=lambda: janitor.cluster_to_clean(args.kubeconfig, args.context, args.platform_name))
+    for line in swept:
         print(f"rayproof: {line}")
-        cleaned.append(line)
-    api = _cluster_for_clean(args)
-    if api is not None:
-        on_cluster = janitor.clean_on_cluster(api, janitor.orphaned_on_cluster(api))
-        for line in on_cluster:
-            print(f"rayproof: deleted {line}")
-        cleaned += on_cluster
-    if not runs and not cleaned:
+    if not swept:
         print("rayproof: nothing left behind by earlier runs")
     return 0
-
-
-def _down_orphaned_platforms() -> list[str]:
-    """Take down embedded platforms that a test session started and left behind."""
-    from clusters.embedded.platform import EmbeddedPlatform, platform_root
-    from clusters.embedded.target import is_orphaned
-
-    done = []
-    root = platform_root()
-    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
-        platform = EmbeddedPlatform(run_dir.name)
-        if run_dir.is_dir() and is_orphaned(platform):
-            platform.down()
-            done.append(f"took down embedded platform {run_dir.name}, left running by a test session that is gone")
-    return done
-
-
-def _cluster_for_clean(args: argparse.Namespace):
-    """The cluster to clean: --kubeconfig, else the embedded platform if it is running, else None."""
-    from kubernetes import config
-
-    if args.kubeconfig:
-        return config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
-    from clusters.embedded.platform import EmbeddedPlatform
-
-    platform = EmbeddedPlatform(args.platform_name)
-    return platform.api_client() if platform.status().get("healthy") else None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
