@@ -68,3 +68,41 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
             _stop(session)
         if run_dir.exists():  # what the sweep did not remove, so this test leaves nothing either
             janitor.clean_run(run)
+
+
+def test_a_nested_session_is_stopped_when_the_process_that_started_it_dies(tmp_path):
+    """A self-test's clause run outliving its killed worker would go on against a platform that is gone."""
+    child = f"""
+import os, pathlib, signal, threading
+from fixtures import janitor
+signal.signal(signal.SIGTERM, janitor.unwind_on_sigterm)
+janitor.die_with_parent(int(os.environ[janitor.DIE_WITH_PARENT_ENV]))
+print("armed", os.getpid(), flush=True)
+try:
+    threading.Event().wait(600)  # a long clause run
+except KeyboardInterrupt:
+    pathlib.Path({str(tmp_path / "unwound")!r}).write_text("x")
+"""
+    parent = f"""
+import os, subprocess, sys
+subprocess.Popen([sys.executable, "-c", {child!r}], env={{**os.environ, "{janitor.DIE_WITH_PARENT_ENV}": str(os.getpid())}})
+sys.stdin.read()
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    starter = subprocess.Popen([sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env=env)
+    nested = None
+    try:
+        word, pid = starter.stdout.readline().split()
+        assert word == "armed"
+        nested = int(pid)
+        starter.kill()  # as a worker is killed: no cleanup of its own
+        starter.wait(timeout=timeouts.PROCESS_EXIT.seconds)
+        wait_for(lambda: janitor._alive(nested), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
+                 description=f"the nested process {nested} to stop after its parent died")
+        assert (tmp_path / "unwound").exists(), "it was stopped, but did not unwind"
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        if nested is not None and janitor._alive(nested):
+            os.kill(nested, 9)

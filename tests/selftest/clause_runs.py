@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from clusters.embedded.target import EmbeddedTarget
+from fixtures import janitor
 from fixtures.timeouts import Tier
 
 # The self-test modules that start platforms of their own share one xdist
@@ -39,7 +41,8 @@ def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platfo
         argv += ["--platform-name", platform]
     if platform_profile is not None:
         argv += ["--platform-profile", str(platform_profile)]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds,
+                          env={**os.environ, janitor.DIE_WITH_PARENT_ENV: str(os.getpid())})
     (tmp_path / "run.log").write_text(proc.stdout + proc.stderr)
     assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
