@@ -12,7 +12,7 @@ SITE = "/root/.cache/rayproof/venv-x/lib/python3.11/site-packages/ray"
 
 def test_components_are_told_apart_by_command_line():
     cases = {
-        (f"/root/.cache/rayproof/bin/abc/kube-apiserver --etcd-servers=http://127.0.0.1:2379", "kube-apiserver"):
+        ("/root/.cache/rayproof/bin/abc/kube-apiserver --etcd-servers=http://127.0.0.1:2379", "kube-apiserver"):
             "kube-apiserver",
         (f"{VENV} -m clusters.embedded.nodeagent run --kubeconfig k", "python3"): "node agent",
         (f"{VENV} {SITE}/../../bin/ray start --block --head", "ray"): "ray: `ray start`",
