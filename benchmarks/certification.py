@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.training import machine
+from benchmarks import machine
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_S = 2.0

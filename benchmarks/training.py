@@ -8,29 +8,18 @@ reports what it measured.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import machine
 from conformance.workloads.training import lost_work, start_training
 from fixtures import timeouts
 from fixtures.local_ray import LocalRayCluster
 
 STEPS = 40
 CHECKPOINT_EVERY = 5
-
-
-def machine() -> dict:
-    import psutil
-    import ray
-    import torch
-
-    return {"host": platform.node(), "cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30),
-            "kernel": platform.release(), "ray": ray.__version__, "torch": torch.__version__,
-            "load_average": os.getloadavg()}
 
 
 def run(workdir: Path) -> dict:

@@ -20,13 +20,13 @@ from fixtures.waiting import wait_for
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _session(tmp_path: Path, body: str, *extra: str) -> subprocess.Popen:
+def _session(tmp_path: Path, body: str) -> subprocess.Popen:
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(body))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RP_OUT": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "fixtures.plugin", "-p", "no:cacheprovider",
-                             "-n", "1", "--max-worker-restart=0", "-q", str(tmp_path / "test_inner.py"), *extra],
+                             "-n", "1", "--max-worker-restart=0", "-q", str(tmp_path / "test_inner.py")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # a signal meant for this test's own group stays out
 
