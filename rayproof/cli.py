@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# Two pytest-xdist workers, for `test` and `certify` alike: one owns the
-# certified cluster and runs everything on it one test at a time (the clauses
-# share its capacity), the other runs the rest beside it (units, platform
-# components, the runtime tier's local Ray clusters).
-WORKERS = ["-n", "2", "--dist", "loadgroup"]
+# Three pytest-xdist workers, for `test` and `certify` alike: Kubernetes
+# clauses run side by side in what the certified cluster holds
+# (fixtures/sharing.py), beside the runtime tier's local Ray clusters and the
+# units; a clause mostly waits on the platform's own timeouts, so three keep
+# two cores busy. Self-tests that start platforms of their own share one group.
+WORKERS = ["-n", "3", "--dist", "loadgroup"]
 # The cluster cannot be certified as it is (bad cluster options or preflight); nothing was
 # created. The same status as fixtures.kube.PREFLIGHT_EXIT, for a plain pytest run.
 PREFLIGHT_EXIT = 4
@@ -31,9 +32,6 @@ def _pytest(args: list[str]) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """The project's own tests: unit tests, the clauses, and the clauses' self-tests."""
-    # Two workers: one runs every test on the certified cluster (the
-    # Kubernetes clauses, their self-tests), one test at a time; the other
-    # runs everything else (units, platform components, the runtime tier).
     parallel = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args.pytest_args) \
         else WORKERS
     return _pytest([*parallel, str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])

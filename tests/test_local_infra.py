@@ -1,6 +1,7 @@
 """The local building blocks, for real: namespaces that drop packets, cgroups that OOM-kill, the janitor."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -162,8 +163,76 @@ def test_platform_left_by_a_dead_test_session_is_orphaned_and_one_from_rayproof_
 
     platform = EmbeddedPlatform("orphan-check", run_dir=tmp_path / "orphan-check")
     platform.run_dir.mkdir()
-    assert not is_orphaned(platform), "no owner recorded: brought up by `rayproof up`, never taken down by a session"
-    janitor.write_owner(platform.run_dir)
+    assert not is_orphaned(platform), "no users recorded: brought up by `rayproof up`, never taken down by a session"
+    users = platform.run_dir / "users"
+    janitor.join_users(users)
     assert not is_orphaned(platform), "its session (this process) is alive"
-    (platform.run_dir / "owner").write_text("999999999 1.0")
-    assert is_orphaned(platform)
+    (users / "999999999").write_text("1.0")
+    (users / str(os.getpid())).write_text("1.0")  # this PID, but not this process (a recycled PID)
+    assert platform.session_users() == [] and is_orphaned(platform)
+
+
+def test_the_last_session_to_leave_a_shared_platform_takes_it_down(tmp_path, monkeypatch):
+    """pytest-xdist workers and the certify command share one platform: one
+    worker finishing must not take it down under the others."""
+    from clusters.embedded.platform import EmbeddedPlatform
+
+    platform = EmbeddedPlatform("shared-check", run_dir=tmp_path / "shared-check")
+    platform.run_dir.mkdir()
+    torn_down = []
+    monkeypatch.setattr(platform, "_teardown", lambda: torn_down.append(True) or ["stopped"])
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        janitor.join_users(platform.run_dir / "users")
+        (platform.run_dir / "users" / str(other.pid)).write_text(str(psutil.Process(other.pid).create_time()))
+        assert platform.leave() == [] and not torn_down, "another session still uses it"
+        assert platform.session_users() == [other.pid]
+    finally:
+        other.kill()
+        other.wait()
+    assert platform.leave() == ["stopped"], "its last user is gone: the platform comes down"
+    assert not platform.run_dir.joinpath("users", str(os.getpid())).exists()
+
+
+def test_clauses_side_by_side_hold_shares_and_one_needing_all_is_not_overtaken(tmp_path):
+    from fixtures import sharing
+
+    shares = sharing.ClusterShares("https://cluster.example:6443", 2, root=tmp_path)
+    with shares.hold(1) as waited_first, shares.hold(1) as waited_second:
+        assert waited_first < 1 and waited_second < 1, "two one-gang clauses fit a two-gang cluster at once"
+        assert shares._take(1) is None, "a third gang does not fit"
+    got_all = threading.Event()
+    release_all = threading.Event()
+
+    def needs_all() -> None:
+        with shares.hold(2):
+            got_all.set()
+            release_all.wait(timeouts.PROCESS_EXIT.seconds)
+
+    first = shares.hold(1)
+    first.__enter__()
+    whole = threading.Thread(target=needs_all)
+    whole.start()
+    try:
+        def turnstile_taken() -> bool:
+            fd = sharing._try_lock(shares.dir / "turnstile")
+            if fd is not None:
+                os.close(fd)
+            return fd is None
+
+        # A newcomer needing one share would find one free, but queues behind the turnstile.
+        wait_for(turnstile_taken, timeout=timeouts.PROCESS_EXIT,
+                 description="the clause needing every share to wait at the turnstile")
+        assert not got_all.is_set(), "it cannot hold every share while another clause holds one"
+    finally:
+        first.__exit__(None, None, None)
+    try:
+        wait_for(got_all.is_set, timeout=timeouts.PROCESS_EXIT, description="the clause needing every share to get them")
+        assert shares._take(1) is None, "while it holds every share, nothing else fits"
+    finally:
+        release_all.set()
+        whole.join(timeouts.PROCESS_EXIT.seconds)
+    again = shares._take(2)
+    assert again is not None, "all shares are free again"
+    for fd in again:
+        os.close(fd)

@@ -101,6 +101,6 @@ def test_test_command_hands_pytest_options_to_pytest(monkeypatch):
     seen = []
     monkeypatch.setattr(cli, "_pytest", lambda args: seen.append(args) or 0)
     assert cli.main(["test", "-k", "ADM", "-x"]) == 0
-    assert seen[0][-3:] == ["-k", "ADM", "-x"] and seen[0][:4] == ["-n", "2", "--dist", "loadgroup"], seen
+    assert seen[0][-3:] == ["-k", "ADM", "-x"] and seen[0][:4] == cli.WORKERS, seen
     with pytest.raises(SystemExit):
         cli.main(["report", "results.json", "-k", "ADM"])

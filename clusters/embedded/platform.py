@@ -247,18 +247,44 @@ class EmbeddedPlatform:
         finally:
             os.close(fd)  # releases the lock
 
-    def up(self) -> "EmbeddedPlatform":
+    @property
+    def _users_dir(self) -> Path:
+        return self.run_dir / "users"
+
+    def session_users(self) -> list[int]:
+        """PIDs of the live test sessions using a platform that a test session
+        brought up (none for one brought up by ``rayproof up``)."""
+        from fixtures.janitor import live_pids_in
+
+        return live_pids_in(self._users_dir)
+
+    def session_owned(self) -> bool:
+        """Brought up by a test session (taken down when its last user leaves)."""
+        return self._users_dir.is_dir()
+
+    def up(self, *, session: bool = False) -> "EmbeddedPlatform":
         """Bring the platform up, or reuse it if it is already up and healthy.
+
+        ``session``: a test session uses it. If this call brings it up, or
+        another session did, this process joins its users; the last user to
+        :meth:`leave` takes it down. One brought up by ``rayproof up`` has no
+        users and is left running.
 
         On failure every started process is stopped, the run directory (with
         the logs) is kept for diagnosis with phase ``failed``, and the error
         is raised; the next ``up`` or ``down`` clears it.
         """
+        from fixtures.janitor import join_users
+
         with self._locked():
             binaries = self.binaries()
             reason = self._reuse_blocker(binaries)
             if reason is None:
                 self.progress(f"platform {self.name} is already up: {self.run_dir}")
+                if session and self.session_owned():
+                    if not self.session_users():
+                        self.progress(f"adopting platform {self.name}, left running by a test session that is gone")
+                    join_users(self._users_dir)
                 return self
             if self.run_dir.exists():
                 self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
@@ -294,6 +320,8 @@ class EmbeddedPlatform:
             total = time.monotonic() - t0
             self.state.update(phase="running", ready_at=time.time(),
                               timings={"control_plane_s": round(t_cp, 1), "total_s": round(total, 1)})
+            if session:
+                join_users(self._users_dir)
             self.progress(f"platform {self.name}: up in {total:.1f}s; kubeconfig {self.kubeconfig}")
             return self
 
@@ -312,6 +340,19 @@ class EmbeddedPlatform:
         if bad:
             return "it is unhealthy: " + "; ".join(f"{k}: {v}" for k, v in bad.items())
         return None
+
+    def leave(self) -> list[str]:
+        """This session stops using the platform; the last live user of a
+        platform a session brought up takes it down. Returns what was done."""
+        from fixtures.janitor import leave_users
+
+        if not self.run_dir.parent.is_dir():
+            return []
+        with self._locked():
+            leave_users(self._users_dir)
+            if self.session_owned() and not self.session_users():
+                return self._teardown()
+            return []
 
     def down(self) -> list[str]:
         """Stop every process of the platform and remove its run directory.

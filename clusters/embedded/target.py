@@ -8,7 +8,6 @@ from clusters import Progress
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
 from clusters.existing import describe_cluster, node_health
-from fixtures import janitor
 
 DEFAULT_TARGET_NAME = "default"
 # How much of an unhealthy platform process's log a failed test's evidence shows.
@@ -16,36 +15,30 @@ LOG_TAIL_LINES = 40
 
 
 class EmbeddedTarget:
-    """The embedded platform; brought up if needed, taken down by ``close``
-    only when this process brought it up."""
+    """The embedded platform; brought up if needed, and taken down by the
+    last test session to ``close`` it when a test session brought it up."""
 
     kind = "embedded"
 
-    def __init__(self, platform: EmbeddedPlatform, *, started_here: bool):
+    def __init__(self, platform: EmbeddedPlatform):
         self.platform = platform
-        self.started_here = started_here
 
     @classmethod
     def start(cls, *, name: str | None = None, profile: Any = None, run_dir: Path | None = None,
               progress: Progress = lambda m: None) -> "EmbeddedTarget":
         """Bring the platform up unless it runs with this profile already.
 
-        A platform a test session started records that session's process in
-        its run directory (``owner``). One found running whose recorded
-        session is gone (SIGKILLed) is adopted: this session takes it down at
-        the end. A platform brought up by ``rayproof up`` records nobody and
-        is never taken down here.
+        Test sessions share it: each one that brings it up or finds it
+        brought up by another session records its process in the run
+        directory (``users/``), and the last to close takes it down, so
+        pytest-xdist workers and the ``certify`` command that started them
+        use one platform. One whose recorded sessions are all gone
+        (SIGKILLed) is adopted. A platform brought up by ``rayproof up``
+        records nobody and is never taken down here.
         """
         p = EmbeddedPlatform(name or DEFAULT_TARGET_NAME, run_dir=run_dir, profile=profile, progress=progress)
-        was_up = p.status().get("healthy") is True and p.state.read().get("profile_digest") == p.profile.digest()
-        orphaned = was_up and is_orphaned(p)
-        if orphaned:
-            progress(f"adopting platform {p.name}, left running by a test session that is gone")
-        p.up()
-        started_here = not was_up or orphaned
-        if started_here:
-            janitor.write_owner(p.run_dir)
-        return cls(p, started_here=started_here)
+        p.up(session=True)
+        return cls(p)
 
     @property
     def kubeconfig(self) -> Path:
@@ -77,10 +70,9 @@ class EmbeddedTarget:
         return "\n".join(parts)
 
     def close(self) -> None:
-        if self.started_here:
-            self.platform.down()
+        self.platform.leave()
 
 
 def is_orphaned(platform: EmbeddedPlatform) -> bool:
-    """Started by a test session (it recorded its owner) that no longer runs."""
-    return (platform.run_dir / "owner").exists() and not janitor.owner_alive(platform.run_dir)
+    """Brought up by test sessions of which none runs any more."""
+    return platform.session_owned() and not platform.session_users()

@@ -116,6 +116,7 @@ def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
 
 
 @pytest.mark.clause("ADM-2")
+@pytest.mark.cluster_gangs(2)  # its ClusterQueue holds two gangs
 def test_teams_sharing_a_queue_get_whole_gangs(lab, evidence) -> None:
     """When three teams (three namespaces, each with its own LocalQueue on one
     ClusterQueue sized for two gangs) submit RayJobs at once that together exceed

@@ -234,7 +234,7 @@ def test_nodes_register_ready_with_gpu_capacity_and_leases(env: Env, evidence: A
     for name, node in nodes.items():
         cap, alloc = node.status.capacity, node.status.allocatable
         assert cap["nvidia.com/gpu"] == str(GPUS_PER_NODE) and alloc["nvidia.com/gpu"] == str(GPUS_PER_NODE), cap
-        assert (cap["cpu"], cap["memory"], cap["pods"]) == ("2", "8Gi", "110"), cap
+        assert (cap["cpu"], cap["memory"], cap["pods"]) == ("4", "16Gi", "110"), cap
         ready = {c.type: c.status for c in node.status.conditions}
         assert ready == {"Ready": "True", "MemoryPressure": "False", "DiskPressure": "False",
                          "PIDPressure": "False"}, (name, ready)

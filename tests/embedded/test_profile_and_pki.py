@@ -21,7 +21,7 @@ from clusters.embedded.profile import ProfileError, load_profile, parse_duration
 def test_default_profile_is_valid_and_documented_values_hold() -> None:
     p = load_profile()
     assert p.node_count == 4
-    assert p.node_shape == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "8"}
+    assert p.node_shape == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}
     wfpr = p.kueue["waitForPodsReady"]
     assert parse_duration(wfpr["timeout"]) == 120
     assert set(p.kueue["integrations"]) >= {"ray.io/rayjob", "ray.io/raycluster", "batch/job"}
@@ -32,7 +32,7 @@ def test_user_profile_merges_over_defaults(tmp_path: Path) -> None:
     f.write_text("nodes: {count: 2, shape: {nvidia.com/gpu: 1}}\nkueue: {waitForPodsReady: {timeout: 1m30s}}\n")
     p = load_profile(f)
     assert p.node_count == 2
-    assert p.node_shape == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    assert p.node_shape == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
     assert p.kueue["waitForPodsReady"]["timeout"] == "1m30s"
     assert p.kueue["waitForPodsReady"]["requeuingStrategy"]["backoffBaseSeconds"] == 10
     assert p.digest() != load_profile().digest()
