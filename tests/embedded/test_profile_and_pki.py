@@ -20,7 +20,7 @@ from clusters.embedded.profile import ProfileError, load_profile, parse_duration
 
 def test_default_profile_is_valid_and_documented_values_hold() -> None:
     p = load_profile()
-    assert p.node_count == 6
+    assert p.node_count == 4
     assert p.node_shape == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}
     wfpr = p.kueue["waitForPodsReady"]
     assert parse_duration(wfpr["timeout"]) == 120
