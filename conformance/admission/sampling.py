@@ -105,9 +105,15 @@ class Sampler:
 
     def sample(self) -> dict[str, Any]:
         namespaces = sorted(set(self.jobs.values()))
-        workloads = {ns: self.lab.workloads(ns) for ns in namespaces}
+        # Read in the order Kueue undoes things: a RayJob is unsuspended and
+        # its pods made only after its quota is reserved, and quota is released
+        # only after the job is suspended and its pods are gone. Reading the
+        # RayJobs and pods first and the Workloads after means an admission
+        # between two reads cannot show "unsuspended without quota" (seen on a
+        # loaded machine when the Workloads were read first).
         rayjobs = {name: self._rayjob(ns, name) for name, ns in self.jobs.items()}
         pods = {ns: self.lab.pods(ns) for ns in namespaces}
+        workloads = {ns: self.lab.workloads(ns) for ns in namespaces}
         usage = cluster_queue_usage(self.lab, self.cq)
         at = round(time.monotonic() - self.began, 1)
         jobs = {name: self._job(name, rayjobs[name], workload_of(workloads[ns], name), pods[ns])
