@@ -18,7 +18,7 @@ from fixtures.timeouts import Tier
 # The self-test modules that start platforms of their own share one xdist
 # group: one worker starts and takes down those platforms one module at a
 # time (their names are fixed; several at once would also crowd the machine),
-# beside the worker that owns the session's platform.
+# beside the workers that run the clauses on the session's platform.
 PLATFORMS_GROUP = pytest.mark.xdist_group("selftest-platforms")
 
 REPO = Path(__file__).resolve().parents[2]

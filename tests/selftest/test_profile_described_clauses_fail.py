@@ -7,8 +7,8 @@ a misconfigured platform (a 1800 s collective timeout, no GCS fault
 tolerance, the dashboard on a NodePort, checkpoints on node-local disks, one
 RayCluster shared across teams, ...), and requires the clause's
 outcome to be ``failed`` with a message that names the cause. The platform is
-one of its own, not the session's, so these runs do not queue behind the
-clauses in the worker that owns the session's platform.
+one of its own, not the session's, so these runs do not take shares of the
+session's platform from the clauses (fixtures/sharing.py).
 """
 from __future__ import annotations
 
