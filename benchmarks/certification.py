@@ -36,16 +36,19 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE_S = 2.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
-# (substring of the command line or process name, component); the first match wins.
+# (substring of a process's program, component); the first match wins. The
+# program is what a process runs, not its arguments: a Ray worker's arguments
+# name the raylet, and the raylet's name the dashboard agent.
 COMPONENTS = [
     ("kube-apiserver", "kube-apiserver"), ("kube-controller-manager", "kube-controller-manager"),
     ("kube-scheduler", "kube-scheduler"), ("/etcd", "etcd"), ("kuberay-operator", "kuberay-operator"),
     ("kueue", "kueue"), ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
-    ("redis-server", "redis (GCS fault tolerance)"), ("gcs_server", "ray: gcs_server"), ("raylet", "ray: raylet"),
+    ("redis-server", "redis (GCS fault tolerance)"), ("/gcs_server", "ray: gcs_server"), ("/raylet", "ray: raylet"),
     ("dashboard/agent.py", "ray: dashboard agent"), ("ray::DashboardAgent", "ray: dashboard agent"),
     ("runtime_env/agent", "ray: runtime-env agent"), ("dashboard/dashboard.py", "ray: dashboard"),
-    ("ray::Dashboard", "ray: dashboard"), ("log_monitor.py", "ray: log monitor"),
-    ("ray.util.client.server", "ray: client server"), ("autoscaler/_private/monitor.py", "ray: autoscaler monitor"),
+    ("ray::Dashboard", "ray: dashboard"), ("ray-dashboard-", "ray: dashboard"), ("ray.dashboard.", "ray: dashboard"),
+    ("log_monitor.py", "ray: log monitor"),
+    ("ray.util.client.server", "ray: client server"), ("ray/autoscaler/", "ray: autoscaler monitor"),
     ("bin/ray start", "ray: `ray start`"), ("ray::RayTrainWorker", "ray: training workers"),
     ("ray::TrainController", "ray: train controller"), ("ray::", "ray: other workers and actors"),
     ("default_worker.py", "ray: other workers and actors"), ("rayproof bench", "this benchmark"),
@@ -53,10 +56,29 @@ COMPONENTS = [
 ]
 
 
+def program_of(cmdline: str) -> str:
+    """What a command line runs: the executable, and for Python the script or
+    module (``-m``) with its subcommand (``ray start``, ``rayproof bench``), or
+    the code (``-c``); not the options, which name other components."""
+    argv = cmdline.split()
+    if not argv or "python" not in argv[0].rsplit("/", 1)[-1]:
+        return argv[0] if argv else ""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c"):
+        i += 1  # interpreter options such as -u
+    if i < len(argv) and argv[i] == "-c":
+        return " ".join(argv[:1] + argv[i:])  # the code is the program
+    if i < len(argv) and argv[i] == "-m":
+        i += 1
+    words = argv[i:i + 2]
+    return " ".join(argv[:1] + [w for n, w in enumerate(words) if n == 0 or not w.startswith("-")])
+
+
 def component_of(cmdline: str, name: str) -> str:
-    """The component a process belongs to, from its command line and process name."""
+    """The component a process belongs to, from what it runs and its process name."""
+    program = program_of(cmdline)
     for pattern, component in COMPONENTS:
-        if pattern in cmdline or pattern in name:
+        if pattern in program or pattern in name:
             return component
     return "python (other)" if "python" in (cmdline.split() or [""])[0] else "other"
 
@@ -81,8 +103,10 @@ class ProcessCpu:
                 fields = stat[stat.rindex(")") + 2:].split()
                 key = f"{entry.name}:{fields[19]}"  # a pid with its start time: pids are reused
                 cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-                component = self._seen[key][0] if key in self._seen else self._classify(
-                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"), name)
+                # Classified at every sample, not once: a Ray worker renames
+                # itself (ray::IDLE, ray::RayTrainWorker...) once it has started.
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                component = self._seen[key][0] if not cmdline and key in self._seen else self._classify(cmdline, name)
             except (OSError, ValueError, IndexError):
                 continue  # the process ended while being read
             current[key] = (component, cpu_s)
@@ -96,6 +120,15 @@ class ProcessCpu:
             used = cpu_s - (self._baseline or {}).get(key, 0.0)
             totals[component] = totals.get(component, 0.0) + used
         return {c: round(s, 1) for c, s in sorted(totals.items(), key=lambda kv: -kv[1]) if s >= 0.05}
+
+    def started_by_component(self) -> dict[str, int]:
+        """How many processes of each component were seen that were not running
+        at the first sample (what the per-process cost of a component is over)."""
+        counts: dict[str, int] = {}
+        for key, (component, _) in self._seen.items():
+            if key not in (self._baseline or {}):
+                counts[component] = counts.get(component, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def cpu_jiffies() -> tuple[int, int]:
@@ -138,6 +171,7 @@ def run(certify_args: list[str]) -> dict:
         "cpu_floor_s": round(busy_s / cores),
         "cpu_s_by_component": by_component,
         "cpu_s_processes_counted": round(sum(by_component.values())),
+        "processes_started_by_component": processes.started_by_component(),
     }
 
 

@@ -23,6 +23,15 @@ def test_components_are_told_apart_by_command_line():
         (f"{VENV} {SITE}/dashboard/dashboard.py --host=0.0.0.0", "python3"): "ray: dashboard",
         ("ray::RayTrainWorker.train_fn", "ray::RayTrainWor"): "ray: training workers",
         (f"{VENV} -c import sys;exec(eval(sys.stdin.readline()))", "python"): "pytest",
+        # A worker not yet renamed: its options name the raylet and the GCS.
+        (f"{VENV} -u {SITE}/_private/workers/default_worker.py --raylet-name=/tmp/ray/s/sockets/raylet "
+         "--gcs-address=10.0.0.1:6379", "python3"): "ray: other workers and actors",
+        (f"{VENV} -u {SITE}/_private/runtime_env/agent/main.py --raylet-name=/tmp/ray/s/sockets/raylet", "python3"):
+            "ray: runtime-env agent",
+        (f"{SITE}/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray/s/logs", "gcs_server"): "ray: gcs_server",
+        (f"{VENV} -m rayproof bench certification", "python3"): "this benchmark",
+        (f"ray-dashboard-JobHead-0 ({VENV} -c \"from multiprocessing.forkserver import main\")", "ray-dashboard-J"):
+            "ray: dashboard",
         ("/usr/bin/redis-server 0.0.0.0:6379", "redis-server"): "redis (GCS fault tolerance)",
         ("/usr/bin/python3 /tmp/x.py", "python3"): "python (other)",
         ("/usr/sbin/sshd -D", "sshd"): "other",
@@ -52,6 +61,7 @@ def test_cpu_used_after_the_first_sample_is_counted_and_earlier_use_is_not():
     finally:
         before.communicate("")
     counted = cpu.by_component().get("burner", 0.0)
+    assert cpu.started_by_component().get("burner") == 1  # the later child; the earlier one ran at the first sample
     # The later child's 0.6 s (plus its start-up) is counted; the earlier one's is not.
     assert 0.5 <= counted < 1.15, counted
 

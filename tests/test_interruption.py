@@ -77,8 +77,8 @@ import os, pathlib, signal, threading
 from fixtures import janitor
 signal.signal(signal.SIGTERM, janitor.unwind_on_sigterm)
 janitor.die_with_parent(int(os.environ[janitor.DIE_WITH_PARENT_ENV]))
-print("armed", os.getpid(), flush=True)
 try:
+    print("armed", os.getpid(), flush=True)  # inside the try: the parent may be killed the moment this is read
     threading.Event().wait(600)  # a long clause run
 except KeyboardInterrupt:
     pathlib.Path({str(tmp_path / "unwound")!r}).write_text("x")
