@@ -45,14 +45,16 @@ COMPONENTS = [
     ("kueue", "kueue"), ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
     ("redis-server", "redis (GCS fault tolerance)"), ("/gcs_server", "ray: gcs_server"), ("/raylet", "ray: raylet"),
     ("dashboard/agent.py", "ray: dashboard agent"), ("ray::DashboardAgent", "ray: dashboard agent"),
-    ("runtime_env/agent", "ray: runtime-env agent"), ("dashboard/dashboard.py", "ray: dashboard"),
+    ("runtime_env/agent", "ray: runtime-env agent"), ("ray::RuntimeEnvAgent", "ray: runtime-env agent"), ("dashboard/dashboard.py", "ray: dashboard"),
     ("ray::Dashboard", "ray: dashboard"), ("ray-dashboard-", "ray: dashboard"), ("ray.dashboard.", "ray: dashboard"),
     ("log_monitor.py", "ray: log monitor"),
     ("ray.util.client.server", "ray: client server"), ("ray/autoscaler/", "ray: autoscaler monitor"),
     ("bin/ray start", "ray: `ray start`"), ("ray::RayTrainWorker", "ray: training workers"),
     ("ray::TrainController", "ray: train controller"), ("ray::", "ray: other workers and actors"),
     ("default_worker.py", "ray: other workers and actors"), ("rayproof bench", "this benchmark"),
-    ("pytest", "pytest"), ("sys.stdin.readline()", "pytest"), ("rayproof", "pytest"),  # xdist workers: execnet's bootstrap
+    ("workloads/", "ray: job drivers"), (" workloads.", "ray: job drivers"),
+    ("pytest", "pytest"), ("sys.stdin.readline()", "pytest"),  # xdist workers: execnet's bootstrap
+    ("rayproof certify", "pytest"), ("rayproof test", "pytest"),
 ]
 
 
@@ -83,17 +85,45 @@ def component_of(cmdline: str, name: str) -> str:
     return "python (other)" if "python" in (cmdline.split() or [""])[0] else "other"
 
 
+# Where a process was started from: its nearest ancestor that is one of these
+# (by program), else "elsewhere" (the control plane, the operators, pytest's
+# controller). A pod's processes descend from the node agent; the runtime
+# tier's local Ray clusters and drivers from the xdist workers.
+ORIGINS = [("clusters.embedded.nodeagent", "Kubernetes pods (node agent)"),
+           ("sys.stdin.readline()", "test workers (the runtime tier's local Ray clusters, drivers)")]
+ELSEWHERE = "elsewhere (control plane, operators, test processes themselves)"
+
+
+def origin_root(cmdline: str) -> str | None:
+    program = program_of(cmdline)
+    return next((origin for pattern, origin in ORIGINS if pattern in program), None)
+
+
 class ProcessCpu:
-    """CPU seconds each process used since the first sample, summed by component."""
+    """CPU seconds each process used since the first sample, summed by
+    component, and by where the process was started from."""
 
     def __init__(self, proc: Path = Path("/proc"), classify: Callable[[str, str], str] = component_of) -> None:
         self._proc = proc
         self._classify = classify
         self._baseline: dict[str, float] | None = None  # what processes alive at the start had used
         self._seen: dict[str, tuple[str, float]] = {}  # "pid:starttime" -> (component, cpu seconds)
+        self._origin: dict[str, str] = {}  # "pid:starttime" -> origin, fixed when first seen
+        self._descendants_of: dict[str, str] = {}  # a root process's key -> the origin of what it starts
+        self._key_of_pid: dict[str, str] = {}
+
+    def _place(self, key: str, ppid: str, cmdline: str) -> None:
+        """Fix where a newly seen process came from: the origin its parent's
+        descendants get (parents are placed first, in order of start time)."""
+        parent = self._key_of_pid.get(ppid, "")
+        self._origin[key] = self._descendants_of.get(parent) or self._origin.get(parent, ELSEWHERE)
+        root = origin_root(cmdline)
+        if root is not None:
+            self._descendants_of[key] = root
 
     def sample(self) -> None:
         current = {}
+        new: list[tuple[int, str, str, str]] = []  # (start time, key, ppid, cmdline)
         for entry in self._proc.iterdir():
             if not entry.name.isdigit():
                 continue
@@ -110,6 +140,11 @@ class ProcessCpu:
             except (OSError, ValueError, IndexError):
                 continue  # the process ended while being read
             current[key] = (component, cpu_s)
+            self._key_of_pid[entry.name] = key
+            if key not in self._origin:
+                new.append((int(fields[19]), key, fields[1], cmdline))
+        for _, key, ppid, cmdline in sorted(new):
+            self._place(key, ppid, cmdline)
         self._seen.update(current)
         if self._baseline is None:
             self._baseline = {key: cpu for key, (_, cpu) in current.items()}
@@ -120,6 +155,13 @@ class ProcessCpu:
             used = cpu_s - (self._baseline or {}).get(key, 0.0)
             totals[component] = totals.get(component, 0.0) + used
         return {c: round(s, 1) for c, s in sorted(totals.items(), key=lambda kv: -kv[1]) if s >= 0.05}
+
+    def by_origin(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for key, (_, cpu_s) in self._seen.items():
+            origin = self._origin.get(key, ELSEWHERE)
+            totals[origin] = totals.get(origin, 0.0) + cpu_s - (self._baseline or {}).get(key, 0.0)
+        return {o: round(s, 1) for o, s in sorted(totals.items(), key=lambda kv: -kv[1])}
 
     def started_by_component(self) -> dict[str, int]:
         """How many processes of each component were seen that were not running
@@ -172,6 +214,7 @@ def run(certify_args: list[str]) -> dict:
         "cpu_s_by_component": by_component,
         "cpu_s_processes_counted": round(sum(by_component.values())),
         "processes_started_by_component": processes.started_by_component(),
+        "cpu_s_by_origin": processes.by_origin(),
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from benchmarks.certification import ProcessCpu, component_of
+from benchmarks.certification import ORIGINS, ProcessCpu, component_of
 
 VENV = "/root/.cache/rayproof/venv-x/bin/python3"
 SITE = "/root/.cache/rayproof/venv-x/lib/python3.11/site-packages/ray"
@@ -30,6 +30,12 @@ def test_components_are_told_apart_by_command_line():
             "ray: runtime-env agent",
         (f"{SITE}/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray/s/logs", "gcs_server"): "ray: gcs_server",
         (f"{VENV} -m rayproof bench certification", "python3"): "this benchmark",
+        (f"{VENV} -m rayproof certify --out x", "python3"): "pytest",
+        ("ray::RuntimeEnvAgent", "ray::RuntimeEnv"): "ray: runtime-env agent",
+        ("python /opt/rayproof/workloads/fsdp_train.py --name x", "python"): "ray: job drivers",
+        (f"{VENV} -m workloads.load_gen --rate=20", "python3"): "ray: job drivers",
+        # The venv's path names the project; that alone does not make a process pytest's.
+        (f"{VENV} -m some.tool", "python3"): "python (other)",
         (f"ray-dashboard-JobHead-0 ({VENV} -c \"from multiprocessing.forkserver import main\")", "ray-dashboard-J"):
             "ray: dashboard",
         ("/usr/bin/redis-server 0.0.0.0:6379", "redis-server"): "redis (GCS fault tolerance)",
@@ -65,3 +71,36 @@ def test_cpu_used_after_the_first_sample_is_counted_and_earlier_use_is_not():
     # The later child's 0.6 s (plus its start-up) is counted; the earlier one's is not.
     assert 0.5 <= counted < 1.15, counted
 
+
+
+def test_cpu_of_what_a_test_worker_starts_is_placed_under_the_test_workers():
+    # A stand-in xdist worker (execnet's bootstrap command line) starts a child
+    # that burns 0.6 s of CPU; the child's CPU goes to the test workers' origin.
+    cpu = ProcessCpu()
+    cpu.sample()
+    burner = ("import sys, time\n"
+              "start = time.process_time()\n"
+              "while time.process_time() - start < 0.6: pass\n"
+              "print('burnt', flush=True)\n"
+              "sys.stdin.read()\n")
+    code = ("import subprocess, sys\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {burner!r}], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+            "print(p.stdout.readline().decode().strip(), flush=True)\n"
+            "sys.stdin.readline()\n"  # alive, with its child, until told
+            "p.stdin.close()\n"
+            "p.wait()\n")
+    worker = subprocess.Popen([sys.executable, "-u", "-c", "import sys;exec(eval(sys.stdin.readline()))"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        worker.stdin.write(repr(code) + "\n")
+        worker.stdin.flush()
+        assert worker.stdout.readline().strip() == "burnt"
+        cpu.sample()  # the child is seen after it burnt
+        worker.stdin.write("\n")
+        worker.stdin.flush()
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    placed = cpu.by_origin().get(ORIGINS[1][1], 0.0)
+    assert placed >= 0.5, cpu.by_origin()
