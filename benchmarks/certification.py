@@ -50,8 +50,8 @@ COMPONENTS = [
     ("log_monitor.py", "ray: log monitor"),
     ("ray.util.client.server", "ray: client server"), ("ray/autoscaler/", "ray: autoscaler monitor"),
     ("bin/ray start", "ray: `ray start`"), ("ray::RayTrainWorker", "ray: training workers"),
-    ("ray::TrainController", "ray: train controller"), ("ray::", "ray: other workers and actors"),
-    ("default_worker.py", "ray: other workers and actors"), ("rayproof bench", "this benchmark"),
+    ("ray::TrainController", "ray: train controller"),
+    ("default_worker.py", "ray: workers not yet started"), ("rayproof bench", "this benchmark"),
     ("workloads/", "ray: job drivers"), (" workloads.", "ray: job drivers"),
     ("pytest", "pytest"), ("sys.stdin.readline()", "pytest"),  # xdist workers: execnet's bootstrap
     ("rayproof certify", "pytest"), ("rayproof test", "pytest"),
@@ -82,6 +82,8 @@ def component_of(cmdline: str, name: str) -> str:
     for pattern, component in COMPONENTS:
         if pattern in program or pattern in name:
             return component
+    if program.startswith("ray::"):  # any other Ray worker, by what it runs now (ray::IDLE, ray::JobSupervisor...)
+        return "ray: " + program.split()[0].split(".")[0].split(":")[2]
     return "python (other)" if "python" in (cmdline.split() or [""])[0] else "other"
 
 

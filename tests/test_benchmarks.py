@@ -25,13 +25,16 @@ def test_components_are_told_apart_by_command_line():
         (f"{VENV} -c import sys;exec(eval(sys.stdin.readline()))", "python"): "pytest",
         # A worker not yet renamed: its options name the raylet and the GCS.
         (f"{VENV} -u {SITE}/_private/workers/default_worker.py --raylet-name=/tmp/ray/s/sockets/raylet "
-         "--gcs-address=10.0.0.1:6379", "python3"): "ray: other workers and actors",
+         "--gcs-address=10.0.0.1:6379", "python3"): "ray: workers not yet started",
         (f"{VENV} -u {SITE}/_private/runtime_env/agent/main.py --raylet-name=/tmp/ray/s/sockets/raylet", "python3"):
             "ray: runtime-env agent",
         (f"{SITE}/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray/s/logs", "gcs_server"): "ray: gcs_server",
         (f"{VENV} -m rayproof bench certification", "python3"): "this benchmark",
         (f"{VENV} -m rayproof certify --out x", "python3"): "pytest",
         ("ray::RuntimeEnvAgent", "ray::RuntimeEnv"): "ray: runtime-env agent",
+        ("ray::IDLE", "ray::IDLE"): "ray: IDLE",
+        ("ray::JobSupervisor.run", "ray::JobSupervi"): "ray: JobSupervisor",
+        ("ray::ServeReplica:app:Model", "ray::ServeRepli"): "ray: ServeReplica",
         ("python /opt/rayproof/workloads/fsdp_train.py --name x", "python"): "ray: job drivers",
         (f"{VENV} -m workloads.load_gen --rate=20", "python3"): "ray: job drivers",
         # The venv's path names the project; that alone does not make a process pytest's.
