@@ -49,7 +49,7 @@ COMPONENTS = [
     ("ray::Dashboard", "ray: dashboard"), ("ray-dashboard-", "ray: dashboard"), ("ray.dashboard.", "ray: dashboard"),
     ("log_monitor.py", "ray: log monitor"),
     ("ray.util.client.server", "ray: client server"), ("ray/autoscaler/", "ray: autoscaler monitor"),
-    ("bin/ray start", "ray: `ray start`"), ("ray::RayTrainWorker", "ray: training workers"),
+    ("bin/ray start", "ray: `ray start`"), ("bin/ray job", "ray: `ray job` (RayJob submitters)"), ("ray::RayTrainWorker", "ray: training workers"),
     ("ray::TrainController", "ray: train controller"),
     ("default_worker.py", "ray: workers not yet started"), ("rayproof bench", "this benchmark"),
     ("workloads/", "ray: job drivers"), (" workloads.", "ray: job drivers"),

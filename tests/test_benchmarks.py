@@ -16,6 +16,8 @@ def test_components_are_told_apart_by_command_line():
             "kube-apiserver",
         (f"{VENV} -m clusters.embedded.nodeagent run --kubeconfig k", "python3"): "node agent",
         (f"{VENV} {SITE}/../../bin/ray start --block --head", "ray"): "ray: `ray start`",
+        (f"{VENV} /root/.cache/rayproof/venv-x/bin/ray job submit --address http://h:8265 -- python x.py", "ray"):
+            "ray: `ray job` (RayJob submitters)",
         (f"{SITE}/core/src/ray/raylet/raylet --dashboard_agent_command={VENV} -u {SITE}/dashboard/agent.py", "raylet"):
             "ray: raylet",
         (f"{VENV} -u {SITE}/dashboard/agent.py --node-id=1", "python3"): "ray: dashboard agent",
