@@ -74,7 +74,7 @@ def target_rows(target: dict | None) -> dict[str, str]:
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
     from conformance import profile as profile_mod
-    from fixtures import janitor, ordering
+    from fixtures import janitor
     from reports import summary as summary_mod
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
@@ -115,7 +115,6 @@ def cmd_certify(args: argparse.Namespace) -> int:
     recorded = json.loads(results.read_text())
     recorded["target"] = described  # the workers each know it; the run's record keeps it once
     results.write_text(json.dumps(recorded, indent=2, default=str))
-    ordering.record(recorded["results"], ordering.durations_file())  # the next run starts the longest first
     platform = {**local_platform(), **target_rows(described)}
     platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"
     summary = summary_mod.write(results, platform, out)
@@ -148,11 +147,8 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
 
 
 def _certify_pytest_args(args: argparse.Namespace, out: Path, results: Path) -> list[str]:
-    from fixtures import ordering
-
     pytest_args = [str(REPO / "conformance"), "-v", f"--junitxml={out / 'junit.xml'}",
-                   f"--alluredir={out / 'allure-results'}", f"--rayproof-results={results}",
-                   f"--rayproof-order={ordering.durations_file()}", "-o", "junit_family=xunit2"]
+                   f"--alluredir={out / 'allure-results'}", f"--rayproof-results={results}", "-o", "junit_family=xunit2"]
     if args.k:
         pytest_args += ["-k", args.k]
     for option in ("kubeconfig", "context", "profile", "platform_name", "platform_profile"):

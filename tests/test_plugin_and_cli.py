@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from fixtures import ordering
 from rayproof import cli
 
 CLAUSE_OK = '''
@@ -52,35 +51,6 @@ def test_conformance_test_without_clause_or_must_is_refused(pytester):
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*conformance test without @pytest.mark.clause(ID)*",
                                  "*clause T-3 has no MUST in its docstring*"])
-
-
-THREE_CLAUSES = "import pytest\n" + "".join(
-    f'\n@pytest.mark.clause("T-{n}")\ndef test_{n}():\n    """Clause {n} MUST hold."""\n' for n in (1, 2, 3))
-
-
-@pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "1"]], ids=["in-process", "xdist-worker"])
-def test_clauses_start_longest_first_by_recorded_durations(pytester, workers):
-    """An xdist worker gets the order from its controller, not from the file."""
-    _suite(pytester, THREE_CLAUSES)
-    recorded = pytester.path / "durations.json"
-    ordering.record([{"clause": "T-1", "phase": "call", "outcome": "passed", "duration_s": 5},
-                     {"clause": "T-3", "phase": "call", "outcome": "failed", "duration_s": 90},
-                     {"clause": "T-9", "phase": "setup", "outcome": "error", "duration_s": 700}], recorded)
-    assert ordering.load(recorded) == {"T-1": 5.0, "T-3": 90.0}  # only calls that reached a verdict
-    out = pytester.path / "results.json"
-    pytester.runpytest("conformance", *workers, f"--rayproof-results={out}",
-                       f"--rayproof-order={recorded}").assert_outcomes(passed=3)
-    ran = [r["clause"] for r in json.loads(out.read_text())["results"]]
-    assert ran == ["T-2", "T-3", "T-1"]  # never measured first (it may be long), then longest first
-    without = pytester.path / "unordered.json"
-    pytester.runpytest("conformance", *workers, f"--rayproof-results={without}").assert_outcomes(passed=3)
-    assert [r["clause"] for r in json.loads(without.read_text())["results"]] == ["T-1", "T-2", "T-3"]
-
-
-def test_unreadable_recorded_durations_leave_the_collection_order(tmp_path):
-    broken = tmp_path / "durations.json"
-    broken.write_text("{not json")
-    assert ordering.load(broken) == {} and ordering.load(tmp_path / "missing.json") == {}
 
 
 def test_report_command_rebuilds_summary_without_a_cluster(tmp_path, capsys):
