@@ -26,6 +26,11 @@ class Target(Protocol):
     @property
     def kubeconfig(self) -> Path: ...
 
+    @property
+    def identity(self) -> str:
+        """What names this cluster from one run to the next on this machine
+        (clauses of every run against it share it: fixtures/sharing.py)."""
+
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` with the certifying identity."""
 

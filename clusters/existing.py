@@ -36,6 +36,10 @@ class ExistingCluster:
     def kubeconfig(self) -> Path:
         return self._kubeconfig
 
+    @property
+    def identity(self) -> str:
+        return self.api_client().configuration.host
+
     def api_client(self) -> Any:
         from kubernetes import config
 

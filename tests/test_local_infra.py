@@ -194,6 +194,22 @@ def test_the_last_session_to_leave_a_shared_platform_takes_it_down(tmp_path, mon
     assert not platform.run_dir.joinpath("users", str(os.getpid())).exists()
 
 
+def test_every_run_against_one_embedded_platform_uses_one_directory_of_shares(tmp_path):
+    """Its API server comes up on a new port each time: the shares are keyed by
+    the platform, not the port, or every run would leave a directory behind."""
+    from types import SimpleNamespace
+
+    from clusters.embedded.target import EmbeddedTarget
+    from fixtures import sharing
+
+    def shares_of(name: str) -> sharing.ClusterShares:
+        platform = SimpleNamespace(name=name, run_dir=tmp_path / "platforms" / name)
+        return sharing.ClusterShares(EmbeddedTarget(platform).identity, 2, root=tmp_path / "shares")
+
+    assert shares_of("default").dir == shares_of("default").dir != shares_of("selftest").dir
+    assert len(list((tmp_path / "shares").iterdir())) == 2
+
+
 def test_clauses_side_by_side_hold_shares_and_one_needing_all_is_not_overtaken(tmp_path):
     from fixtures import sharing
 

@@ -44,6 +44,11 @@ class EmbeddedTarget:
     def kubeconfig(self) -> Path:
         return self.platform.kubeconfig
 
+    @property
+    def identity(self) -> str:
+        # Not its API server's address: that is a new port each time it comes up.
+        return f"embedded platform {self.platform.name} ({self.platform.run_dir})"
+
     def api_client(self) -> Any:
         return self.platform.api_client()
 
