@@ -152,19 +152,19 @@ class ProcessCpu:
         if self._baseline is None:
             self._baseline = {key: cpu for key, (_, cpu) in current.items()}
 
-    def by_component(self) -> dict[str, float]:
+    def _used_by(self, label: Callable[[str, str], str]) -> dict[str, float]:
+        """CPU seconds used since the first sample, summed by ``label(key, component)``."""
         totals: dict[str, float] = {}
         for key, (component, cpu_s) in self._seen.items():
-            used = cpu_s - (self._baseline or {}).get(key, 0.0)
-            totals[component] = totals.get(component, 0.0) + used
-        return {c: round(s, 1) for c, s in sorted(totals.items(), key=lambda kv: -kv[1]) if s >= 0.05}
+            name = label(key, component)
+            totals[name] = totals.get(name, 0.0) + cpu_s - (self._baseline or {}).get(key, 0.0)
+        return {n: round(s, 1) for n, s in sorted(totals.items(), key=lambda kv: -kv[1]) if s >= 0.05}
+
+    def by_component(self) -> dict[str, float]:
+        return self._used_by(lambda key, component: component)
 
     def by_origin(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for key, (_, cpu_s) in self._seen.items():
-            origin = self._origin.get(key, ELSEWHERE)
-            totals[origin] = totals.get(origin, 0.0) + cpu_s - (self._baseline or {}).get(key, 0.0)
-        return {o: round(s, 1) for o, s in sorted(totals.items(), key=lambda kv: -kv[1])}
+        return self._used_by(lambda key, component: self._origin.get(key, ELSEWHERE))
 
     def started_by_component(self) -> dict[str, int]:
         """How many processes of each component were seen that were not running

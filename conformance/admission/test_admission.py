@@ -3,7 +3,7 @@ to a gang one of whose workers is late (ADM-3) or never comes (ADM-4)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -162,17 +162,20 @@ def first_sample(samples: list[dict[str, Any]], job: str, check) -> dict[str, An
     return next((s for s in samples if job in s["jobs"] and check(s, s["jobs"][job])), None)
 
 
-def evicted_gang(samples: list[dict[str, Any]], name: str) -> tuple[Any, list[str], Any]:
-    """The first sample with ``name``'s Workload evicted, the pods its gang had
-    before that, and the first later sample in which none of them is left (None
-    for a sample not seen)."""
+class EvictedGang(NamedTuple):
+    evicted: dict[str, Any] | None  # the first sample with the Workload evicted
+    pods: list[str]  # the pods its gang had before that
+    gone: dict[str, Any] | None  # the first later sample in which none of them is left
+
+
+def evicted_gang(samples: list[dict[str, Any]], name: str) -> EvictedGang:
     evicted = first_sample(samples, name, lambda s, j: j["evicted"])
     if not evicted:
-        return None, [], None
+        return EvictedGang(None, [], None)
     at = samples.index(evicted)
     pods = sorted({p for s in samples[:at] if name in s["jobs"] for p in s["jobs"][name]["pod_names"]})
     gone = first_sample(samples[at:], name, lambda s, j: not set(pods) & set(j["pod_names"]))
-    return evicted, pods, gone
+    return EvictedGang(evicted, pods, gone)
 
 
 @pytest.mark.clause("ADM-4")
@@ -209,8 +212,9 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         # keep sampling until they are gone, so the figure below is measured
         # rather than cut off. Whether that was within the bound is judged after.
         try:
-            wait_for(lambda: evicted_gang(sampler.samples, name), lambda gang: gang[0] is None or gang[2] is not None,
-                     timeout=timeouts.OBJECT_DELETE, description=f"the evicted gang of {name} to have no pods left")
+            wait_for(lambda: evicted_gang(sampler.samples, name),
+                     lambda gang: gang.evicted is None or gang.gone is not None, timeout=timeouts.OBJECT_DELETE,
+                     description=f"the evicted gang of {name} to have no pods left")
         except WaitTimeout as exc:
             evidence.record("pods_gone_wait", str(exc)[:500])
     evidence.record("experiment", runner.summary(journal))
