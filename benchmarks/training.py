@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from benchmarks import machine
-from conformance.workloads.training import lost_work, start_training
+from tests.runtime.training import lost_work, start_training
 from fixtures import timeouts
 from fixtures.local_ray import LocalRayCluster
 

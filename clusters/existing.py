@@ -19,6 +19,24 @@ OPERATOR_DEPLOYMENTS = {
 }
 
 
+def _check_context(path: Path, context: str | None) -> None:
+    """A kubeconfig that cannot be read, or a ``--context`` it does not have,
+    is bad input: one message, before anything talks to a cluster."""
+    from kubernetes import config
+
+    try:
+        contexts, current = config.list_kube_config_contexts(config_file=str(path))
+    except Exception as exc:  # noqa: BLE001 - YAML and kubeconfig errors alike: the file is not usable
+        raise ValueError(f"kubeconfig {path} cannot be read as a kubeconfig ({str(exc).strip()[:200]}); "
+                         "pass a kubeconfig file with at least one context") from None
+    names = [c["name"] for c in contexts]
+    if context and context not in names:
+        raise ValueError(f"kubeconfig {path} has no context {context!r}; it has {', '.join(names)} "
+                         "(pass one of them with --context)")
+    if not context and not current:
+        raise ValueError(f"kubeconfig {path} sets no current-context; name one of {', '.join(names)} with --context")
+
+
 class ExistingCluster:
     """A cluster this process neither started nor will stop."""
 
@@ -31,6 +49,7 @@ class ExistingCluster:
                                     "(or omit --kubeconfig to use the embedded platform)")
         self._kubeconfig = path.resolve()
         self.context = context
+        _check_context(self._kubeconfig, context)
 
     @property
     def kubeconfig(self) -> Path:

@@ -44,6 +44,7 @@ REQUIRED_ACCESS = (
     ("create", "ray.io", "rayclusters", ""),
     ("create", "ray.io", "rayservices", ""),
     ("list", "ray.io", "rayclusters", ""),
+    ("list", "batch", "jobs", ""),
     ("create", "kueue.x-k8s.io", "clusterqueues", ""),
     ("delete", "kueue.x-k8s.io", "clusterqueues", ""),
     ("create", "kueue.x-k8s.io", "localqueues", ""),

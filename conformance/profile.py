@@ -180,6 +180,36 @@ class CertificationProfile:
         return copy.deepcopy(dict(self.data))
 
 
+# The promises a profile makes, with the range the design calls sane. A value
+# outside it is printed at the top of the certificate: a platform can promise
+# less, but not quietly (the clauses judge it against what it promises).
+SANE_PROMISES: tuple[tuple[str, float, float, str], ...] = (
+    ("serving.availabilityTarget", 0.99, 1.0, "availability during a head failure: the design asks at least 99%"),
+    ("training.maxCollectiveTimeout", 1.0, 300.0,
+     "fail-fast bound of a blocked collective: the design tunes it to 2-3 minutes, not the 10-30 minute defaults"),
+    ("kueue.waitForPodsReady.timeout", 1.0, 300.0,
+     "eviction bound of a gang that never gets ready: the design asks 2-5 minutes"),
+    ("operations.teardownWithin", 0.0, 300.0,
+     "teardown of a finished job's cluster: the design asks immediate teardown"),
+)
+
+
+def outside_sane_ranges(profile: CertificationProfile) -> list[str]:
+    """The profile's promises outside :data:`SANE_PROMISES`, one sentence each."""
+    found = []
+    for field, low, high, why in SANE_PROMISES:
+        node: Any = profile.data
+        for part in field.split("."):
+            node = None if node is None else node.get(part)
+        if node is None:
+            found.append(f"{field} is not promised (null); {why}")
+            continue
+        value = node if isinstance(node, (int, float)) else parse_duration(node)
+        if not low <= value <= high:
+            found.append(f"{field} = {node} is outside {low:g}..{high:g}; {why}")
+    return found
+
+
 def load(source: str | Path | Mapping[str, Any] | None = None) -> CertificationProfile:
     """The default profile merged with ``source``; raises ProfileError on the first bad field."""
     data, name = load_layered(DEFAULT_PROFILE, SCHEMA, source, _check_relations)

@@ -18,9 +18,23 @@ REPO = Path(__file__).resolve().parents[1]
 # units; a clause mostly waits on the platform's own timeouts, so three keep
 # two cores busy. Self-tests that start platforms of their own share one group.
 WORKERS = ["-n", "3", "--dist", "loadgroup"]
-# The cluster cannot be certified as it is (bad cluster options or preflight); nothing was
-# created. The same status as fixtures.kube.PREFLIGHT_EXIT, for a plain pytest run.
+# certify's exit statuses (documented in `certify --help` and the README).
+CERTIFIED_EXIT = 0  # every clause ran to completion and passed, default bounds
+NOT_CERTIFIED_EXIT = 1  # a clause failed or could not be judged
+BAD_INPUT_EXIT = 2  # bad options, profile or kubeconfig; nothing was created
+NO_VERDICT_EXIT = 3  # PARTIAL, INCOMPLETE or NON-DEFAULT: the run speaks for less than the whole platform
+# The cluster cannot be certified as it is (preflight); nothing was created.
+# The same status as fixtures.kube.PREFLIGHT_EXIT, for a plain pytest run.
 PREFLIGHT_EXIT = 4
+INTERNAL_ERROR_EXIT = 5  # the run ended without results (a crash of the suite itself)
+CERTIFY_EXITS = f"""exit status:
+  {CERTIFIED_EXIT}  CERTIFIED: every clause ran to completion and passed, with default bounds
+  {NOT_CERTIFIED_EXIT}  NOT CERTIFIED: a clause failed or could not be judged
+  {BAD_INPUT_EXIT}  bad input (options, profile, kubeconfig or context); nothing was created
+  {NO_VERDICT_EXIT}  PARTIAL (a subset of the clauses, -k), INCOMPLETE (interrupted) or NON-DEFAULT
+     (RAYPROOF_TIMEOUT_* set): no verdict on the whole platform
+  {PREFLIGHT_EXIT}  preflight refused the cluster (unreachable, CRDs, RBAC, profile objects); nothing was created
+  {INTERNAL_ERROR_EXIT}  internal error: the run ended without results"""
 
 
 def _pytest(args: list[str]) -> int:
@@ -80,16 +94,16 @@ def cmd_certify(args: argparse.Namespace) -> int:
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
         print(f"rayproof: kubeconfig {args.kubeconfig} does not exist; pass the path of a kubeconfig file "
               "(or omit --kubeconfig to certify the embedded platform)", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT
     if args.kubeconfig and (args.platform_name or args.platform_profile):
         print("rayproof: --platform-name and --platform-profile apply to the embedded platform, not to --kubeconfig",
               file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT
     try:
         profile = profile_mod.load(args.profile)
     except profile_mod.ProfileError as exc:
         print(f"rayproof: bad profile: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT
     out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
     results = out / "results.json"
     began = time.monotonic()
@@ -98,8 +112,8 @@ def cmd_certify(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, janitor.unwind_on_sigterm)
     try:
         target = _open_certified_cluster(args, profile)
-        if target is None:
-            return PREFLIGHT_EXIT
+        if isinstance(target, int):
+            return target
         try:
             out.mkdir(parents=True, exist_ok=True)
             print(f"rayproof: certifying; reports go to {out}", flush=True)
@@ -110,22 +124,26 @@ def cmd_certify(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if not results.exists():
+        if rc == 2:
+            print("rayproof: INCOMPLETE — the run was interrupted before any result was written", file=sys.stderr)
+            return NO_VERDICT_EXIT
         print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
-        return rc or 1
+        return PREFLIGHT_EXIT if rc == PREFLIGHT_EXIT else INTERNAL_ERROR_EXIT
     recorded = json.loads(results.read_text())
     recorded["target"] = described  # the workers each know it; the run's record keeps it once
     results.write_text(json.dumps(recorded, indent=2, default=str))
     platform = {**local_platform(), **target_rows(described)}
     platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"
     summary = summary_mod.write(results, platform, out)
-    print(f"rayproof: {summary['verdict']} — {summary['counts']} — {out / 'certification.md'}")
-    return 0 if summary["verdict"] == "CERTIFIED" else 1
+    print(f"rayproof: {summary['verdict']} — {summary['verdict_reason']} — {out / 'certification.md'}")
+    return {summary_mod.CERTIFIED: CERTIFIED_EXIT, summary_mod.NOT_CERTIFIED: NOT_CERTIFIED_EXIT}.get(
+        summary["verdict"], NO_VERDICT_EXIT)
 
 
 def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
     """The cluster to certify (the embedded platform brought up when it is not
-    running), checked by preflight; None, with the reason printed, when it
-    cannot be certified. The workers connect to it; this process owns it."""
+    running), checked by preflight; an exit status, with the reason printed,
+    when it cannot be certified. The workers connect to it; this process owns it."""
     from clusters import open_target
     from clusters.preflight import PreflightError, preflight
 
@@ -133,16 +151,16 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
         target = open_target(args.kubeconfig, context=args.context, platform_name=args.platform_name,
                              platform_profile=args.platform_profile,
                              progress=lambda m: print(f"rayproof: {m}", flush=True))
-    except (FileNotFoundError, ValueError) as exc:  # a bad --kubeconfig, platform name or platform profile
+    except (FileNotFoundError, ValueError) as exc:  # a bad --kubeconfig, context, platform name or platform profile
         print(f"rayproof: {exc}", file=sys.stderr)
-        return None
+        return BAD_INPUT_EXIT
     try:
         preflight(target.api_client(), profile)
     except PreflightError as exc:
         target.close()
         print(f"rayproof preflight: {exc}", file=sys.stderr)
         print("rayproof: the cluster cannot be certified as it is; nothing was created", file=sys.stderr)
-        return None
+        return PREFLIGHT_EXIT
     return target
 
 
@@ -215,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rayproof", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("certify", help=cmd_certify.__doc__)
+    p = sub.add_parser("certify", help=cmd_certify.__doc__, epilog=CERTIFY_EXITS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="report directory (default: out/certification-<UTC time>)")
     p.add_argument("-k", help="only clauses matching this pytest -k expression")
     p.add_argument("--kubeconfig", help="certify the existing cluster of this kubeconfig (default: the embedded platform)")

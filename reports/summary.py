@@ -13,6 +13,16 @@ from typing import Any
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not applicable", "error"
 _OUTCOMES = {"passed": PASS, "failed": FAIL, "not_applicable": NOT_APPLICABLE, "error": ERROR, "skipped": ERROR}
 
+# The verdicts. Only CERTIFIED speaks for the whole platform: every clause of
+# the catalogue run to completion, none failed, pytest's exit 0, and the
+# suite's own bounds at their defaults. The others say what the run was.
+CERTIFIED, NOT_CERTIFIED = "CERTIFIED", "NOT CERTIFIED"
+PARTIAL, INCOMPLETE, NON_DEFAULT = "PARTIAL", "INCOMPLETE", "NON-DEFAULT"
+# pytest's exit statuses that mean the run did not finish (interrupted,
+# internal error, usage error, nothing collected).
+_UNFINISHED = {2: "was interrupted", 3: "ended in an internal error", 4: "was refused (usage error or preflight)",
+               5: "collected no clause"}
+
 
 def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
     clauses: dict[str, dict[str, Any]] = {}
@@ -32,10 +42,13 @@ def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
             entry["message"] = r.get("message") or ""
     ordered = sorted(clauses.values(), key=lambda c: c["id"])
     counts = {k: sum(1 for c in ordered if c["outcome"] == k) for k in (PASS, FAIL, NOT_APPLICABLE, ERROR)}
-    certified = bool(ordered) and counts[FAIL] == 0 and counts[ERROR] == 0
+    verdict, why = judge(results, ordered)
     return {
-        "verdict": "CERTIFIED" if certified else "NOT CERTIFIED",
+        "verdict": verdict,
+        "verdict_reason": why,
         "counts": counts,
+        "bounds": {"timeout_overrides": results.get("timeout_overrides") or {},
+                   "profile_outside_ranges": results.get("profile_outside_ranges") or []},
         "platform": platform,
         "started": results.get("started"),
         "finished": results.get("finished"),
@@ -45,8 +58,39 @@ def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def judge(results: dict[str, Any], clauses: list[dict[str, Any]]) -> tuple[str, str]:
+    """The verdict and one sentence saying why."""
+    exit_status = results.get("exit_status")
+    catalogue = results.get("catalogue")
+    if exit_status in _UNFINISHED:
+        return INCOMPLETE, f"the run {_UNFINISHED[exit_status]} (pytest exit status {exit_status})"
+    if catalogue is None:
+        return INCOMPLETE, "the results do not list the clause catalogue, so a complete run cannot be told apart"
+    ran = {c["id"] for c in clauses}
+    missing = [cid for cid in catalogue if cid not in ran]
+    of = f"{len(catalogue) - len(missing)} of {len(catalogue)} clauses run"
+    failed = [c["id"] for c in clauses if c["outcome"] in (FAIL, ERROR)]
+    if failed:
+        return NOT_CERTIFIED, f"{', '.join(failed)} did not pass" + (f" ({of})" if missing else "")
+    if missing:
+        return PARTIAL, f"{of}; not run: {', '.join(missing)}"
+    if exit_status != 0:
+        return INCOMPLETE, f"every clause passed but pytest ended with exit status {exit_status}"
+    overrides = results.get("timeout_overrides") or {}
+    if overrides:
+        return NON_DEFAULT, f"every clause passed with the suite's bounds changed: {', '.join(sorted(overrides))}"
+    return CERTIFIED, f"all {len(catalogue)} clauses run to completion and passed with default bounds"
+
+
 def to_markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# rayproof certification: {summary['verdict']}", ""]
+    lines = [f"# rayproof certification: {summary['verdict']}", "", f"{summary['verdict_reason']}.", ""]
+    bounds = summary.get("bounds") or {}
+    if bounds.get("timeout_overrides"):
+        lines += ["**The suite's bounds were changed for this run:** "
+                  + ", ".join(f"`{k}={v}`" for k, v in sorted(bounds["timeout_overrides"].items())), ""]
+    if bounds.get("profile_outside_ranges"):
+        lines += ["**Promises outside the ranges the design calls sane** (the clauses judged the platform against "
+                  "them):", "", *[f"- {line}" for line in bounds["profile_outside_ranges"]], ""]
     platform = summary["platform"]
     lines += ["| platform | |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in platform.items()]

@@ -45,8 +45,14 @@ def test_failure_reason_names_a_ranks_own_error_before_ray_trains_wrapper():
     assert reason == "rank 1: RuntimeError: Unable to set up cluster storage with the following settings:", reason
 
 
-def _results(*rows):
-    return {"started": 100.0, "finished": 160.0, "host": "h", "results": list(rows)}
+def _results(*rows, catalogue=("X-1", "Y-1"), exit_status=0, overrides=None):
+    return {"started": 100.0, "finished": 160.0, "host": "h", "results": list(rows), "exit_status": exit_status,
+            "catalogue": list(catalogue), "timeout_overrides": overrides or {}}
+
+
+def _row(clause, outcome="passed", phase="call", message=""):
+    return {"nodeid": clause.lower(), "clause": clause, "must": f"{clause} MUST", "outcome": outcome, "phase": phase,
+            "duration_s": 1, "evidence": {}, "message": message}
 
 
 def test_summary_fails_certification_on_any_failed_or_errored_clause(tmp_path):
@@ -72,4 +78,38 @@ def test_summary_fails_certification_on_any_failed_or_errored_clause(tmp_path):
 
 
 def test_summary_with_no_clauses_is_not_certified():
-    assert summary.build(_results(), {})["verdict"] == "NOT CERTIFIED"
+    assert summary.build(_results(), {})["verdict"] == summary.PARTIAL
+    assert summary.build(_results(catalogue=()), {})["verdict"] == summary.CERTIFIED
+
+
+def test_a_subset_of_the_catalogue_is_partial_never_certified():
+    built = summary.build(_results(_row("X-1")), {})
+    assert built["verdict"] == summary.PARTIAL
+    assert built["verdict_reason"] == "1 of 2 clauses run; not run: Y-1"
+
+
+def test_a_failure_is_not_certified_even_in_a_subset():
+    built = summary.build(_results(_row("X-1", "failed", message="boom")), {})
+    assert built["verdict"] == summary.NOT_CERTIFIED
+    assert built["verdict_reason"] == "X-1 did not pass (1 of 2 clauses run)"
+
+
+def test_an_interrupted_run_is_incomplete_whatever_passed():
+    built = summary.build(_results(_row("X-1"), _row("Y-1"), exit_status=2), {})
+    assert built["verdict"] == summary.INCOMPLETE
+    assert "interrupted" in built["verdict_reason"]
+    # ...and so are results that cannot say which clauses a full run has.
+    legacy = {k: v for k, v in _results(_row("X-1"), _row("Y-1")).items() if k != "catalogue"}
+    assert summary.build(legacy, {})["verdict"] == summary.INCOMPLETE
+
+
+def test_changed_bounds_are_non_default_and_printed_at_the_top(tmp_path):
+    results = tmp_path / "results.json"
+    payload = _results(_row("X-1"), _row("Y-1"), overrides={"RAYPROOF_TIMEOUT_TRAINING_RUN": "1200"})
+    payload["profile_outside_ranges"] = ["serving.availabilityTarget = 0.5 is outside 0.99..1"]
+    results.write_text(json.dumps(payload))
+    written = summary.write(results, {}, tmp_path)
+    assert written["verdict"] == summary.NON_DEFAULT
+    head = (tmp_path / "certification.md").read_text().split("| platform |")[0]
+    assert "# rayproof certification: NON-DEFAULT" in head
+    assert "`RAYPROOF_TIMEOUT_TRAINING_RUN=1200`" in head and "serving.availabilityTarget = 0.5" in head

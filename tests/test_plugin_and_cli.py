@@ -55,11 +55,42 @@ def test_conformance_test_without_clause_or_must_is_refused(pytester):
 
 def test_report_command_rebuilds_summary_without_a_cluster(tmp_path, capsys):
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"started": 1, "finished": 2, "host": "h", "results": [
-        {"nodeid": "n", "clause": "T-1", "must": "MUST", "outcome": "passed", "phase": "call",
-         "duration_s": 1, "evidence": {}, "message": ""}]}))
+    results.write_text(json.dumps({"started": 1, "finished": 2, "host": "h", "exit_status": 0, "catalogue": ["T-1"],
+                                   "results": [{"nodeid": "n", "clause": "T-1", "must": "MUST", "outcome": "passed",
+                                                "phase": "call", "duration_s": 1, "evidence": {}, "message": ""}]}))
     assert cli.main(["report", str(results)]) == 0
     assert json.loads((tmp_path / "certification.json").read_text())["verdict"] == "CERTIFIED"
+
+
+def test_the_catalogue_is_every_clause_pytest_collects_from_conformance(pytester):
+    import conformance
+
+    pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
+    result = pytester.runpytest(str(conformance.HERE), "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected = {line.split("::")[-1] for line in result.outlines if "::test_" in line}
+    assert len(collected) == len(conformance.catalogue()) == 15, (collected, conformance.catalogue())
+    assert not [cid for cid in conformance.catalogue() if cid.startswith("WL-")], "the runtime tier is not certified"
+
+
+def test_results_record_the_catalogue_and_changed_bounds(pytester, monkeypatch):
+    import conformance
+
+    monkeypatch.setenv("RAYPROOF_TIMEOUT_TRAINING_RUN", "900")
+    _suite(pytester, CLAUSE_OK)
+    out = pytester.path / "results.json"
+    pytester.runpytest("conformance", f"--rayproof-results={out}").assert_outcomes(passed=1, skipped=1)
+    payload = json.loads(out.read_text())
+    assert payload["catalogue"] == conformance.catalogue()
+    assert payload["timeout_overrides"] == {"RAYPROOF_TIMEOUT_TRAINING_RUN": "900"}
+    assert payload["profile_outside_ranges"] == [], "the default profile's promises are in range"
+
+
+def test_certify_help_documents_its_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["certify", "--help"])
+    out = capsys.readouterr().out
+    for status, word in ((0, "CERTIFIED"), (1, "NOT CERTIFIED"), (3, "PARTIAL"), (4, "preflight"), (5, "internal")):
+        assert f"  {status}  " in out and word in out, out
 
 
 def test_report_command_on_missing_file_says_what_to_pass(tmp_path, capsys):
@@ -95,6 +126,23 @@ def test_certify_against_an_unreachable_api_server_stops_at_preflight(tmp_path, 
     err = capsys.readouterr().err
     assert "cannot reach the API server at https://127.0.0.1:1" in err and "nothing was created" in err, err
     assert not out.exists()
+
+
+def test_certify_with_a_bad_kubeconfig_or_context_is_bad_input(tmp_path, capsys):
+    garbage = tmp_path / "garbage"
+    garbage.write_text("::: not yaml [")
+    assert cli.main(["certify", "--kubeconfig", str(garbage), "--out", str(tmp_path / "out")]) == cli.BAD_INPUT_EXIT
+    assert "cannot be read as a kubeconfig" in capsys.readouterr().err
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    assert cli.main(["certify", "--kubeconfig", str(kubeconfig), "--context", "other",
+                     "--out", str(tmp_path / "out")]) == cli.BAD_INPUT_EXIT
+    assert "has no context 'other'; it has c" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_test_command_hands_pytest_options_to_pytest(monkeypatch):

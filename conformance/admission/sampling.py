@@ -7,6 +7,16 @@ RayJob's gang is its RayCluster's pods (head and workers, told apart by the
 ``ray.io/cluster`` label, which KubeRay names ``<rayjob>-<suffix>``); the
 submitter pod (label ``job-name``) is counted apart. Samples are plain dicts,
 so the clauses put them into their evidence as they are.
+
+Only what holds resources is judged. A pod that has ended (Succeeded,
+Failed), is being deleted, or whose controlling RayCluster or submitter Job
+is gone or being deleted is being given back: when Kueue evicts or a job
+finishes, KubeRay deletes the RayCluster and the submitter Job, Kueue
+releases the quota, and the garbage collector reaches the pods a moment
+later. Such pods are counted as ``releasing``, never as held without quota
+(ADM-2 once failed on a loaded machine on exactly that moment). The owners
+are read after the pods, so an owner deleted between the two reads makes
+its pods look released, never held.
 """
 from __future__ import annotations
 
@@ -38,6 +48,15 @@ def ready_since(pod: Any) -> str | None:
         if c.type == "Ready" and c.status == "True":
             return c.last_transition_time.isoformat() if c.last_transition_time else None
     return None
+
+
+def holds_resources(pod: Any, live_owners: set[str]) -> bool:
+    """The pod runs or will run: not ended, not being deleted, and its
+    controller (RayCluster or submitter Job), if it has one, still stands."""
+    if pod.metadata.deletion_timestamp is not None or pod.status.phase in ("Succeeded", "Failed"):
+        return False
+    controller = next((o for o in pod.metadata.owner_references or [] if o.controller), None)
+    return controller is None or controller.uid in live_owners
 
 
 def workload_of(workloads: Iterable[dict[str, Any]], rayjob: str) -> dict[str, Any] | None:
@@ -113,10 +132,11 @@ class Sampler:
         # loaded machine when the Workloads were read first).
         rayjobs = {name: self._rayjob(ns, name) for name, ns in self.jobs.items()}
         pods = {ns: self.lab.pods(ns) for ns in namespaces}
+        owners = set().union(*(self._live_owners(ns) for ns in namespaces)) if namespaces else set()
         workloads = {ns: self.lab.workloads(ns) for ns in namespaces}
         usage = cluster_queue_usage(self.lab, self.cq)
         at = round(time.monotonic() - self.began, 1)
-        jobs = {name: self._job(name, rayjobs[name], workload_of(workloads[ns], name), pods[ns])
+        jobs = {name: self._job(name, rayjobs[name], workload_of(workloads[ns], name), pods[ns], owners)
                 for name, ns in self.jobs.items() if rayjobs[name] is not None}
         if self.logs:
             self._read_logs(pods)
@@ -134,6 +154,15 @@ class Sampler:
                 return None
             raise
 
+    def _live_owners(self, ns: str) -> set[str]:
+        """UIDs of the RayClusters and submitter Jobs in ``ns`` not being deleted."""
+        from kubernetes import client
+
+        clusters = self.lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]
+        submitters = client.BatchV1Api(self.lab.api).list_namespaced_job(ns).items
+        return ({c["metadata"]["uid"] for c in clusters if not c["metadata"].get("deletionTimestamp")}
+                | {j.metadata.uid for j in submitters if j.metadata.deletion_timestamp is None})
+
     def _read_logs(self, pods: dict[str, list[Any]]) -> None:
         for name, ns in self.jobs.items():
             if any((p.metadata.labels or {}).get("job-name") == name and p.status.phase != "Pending" for p in pods[ns]):
@@ -141,10 +170,11 @@ class Sampler:
                 if len(text) >= len(self.driver_logs.get(name, "")):
                     self.driver_logs[name] = text
 
-    def _job(self, name: str, rayjob: dict[str, Any], wl: dict[str, Any] | None, pods: list[Any]) -> dict[str, Any]:
+    def _job(self, name: str, rayjob: dict[str, Any], wl: dict[str, Any] | None, pods: list[Any],
+             owners: set[str]) -> dict[str, Any]:
         status = rayjob.get("status") or {}
         mine = [p for p in pods if (p.metadata.labels or {}).get("ray.io/cluster", "").startswith(f"{name}-")]
-        live = [p for p in mine if p.metadata.deletion_timestamp is None and p.status.phase not in ("Succeeded", "Failed")]
+        live = [p for p in mine if holds_resources(p, owners)]
         for p in mine:
             seen = self.pod_ready.setdefault(p.metadata.name, {
                 "group": (p.metadata.labels or {}).get("ray.io/group"), "gpus": pod_gpus(p), "ready": None,
@@ -152,8 +182,7 @@ class Sampler:
                 "created": p.metadata.creation_timestamp.isoformat() if p.metadata.creation_timestamp else None})
             if seen["ready"] is None:
                 seen["ready"] = ready_since(p)
-        submitters = [p for p in pods if (p.metadata.labels or {}).get("job-name") == name
-                      and p.status.phase not in ("Succeeded", "Failed") and p.metadata.deletion_timestamp is None]
+        submitters = [p for p in pods if (p.metadata.labels or {}).get("job-name") == name and holds_resources(p, owners)]
         return {
             "suspend": bool(rayjob["spec"].get("suspend")),
             "deploy": status.get("jobDeploymentStatus"),
@@ -165,7 +194,7 @@ class Sampler:
             "reserved_gpus": reserved_gpus(wl),
             "assigned": assigned_counts(wl),
             "pods": len(live),
-            "terminating": len(mine) - len(live),
+            "releasing": len(mine) - len(live),
             "ready": sum(1 for p in live if ready_since(p)),
             "pod_gpus": sum(pod_gpus(p) for p in live),
             "pod_names": sorted(p.metadata.name for p in mine),
@@ -238,8 +267,8 @@ def gang_violations(samples: list[dict[str, Any]], gangs: dict[str, dict[str, in
                 bad.append(f"{where}: admission covers pods {j['assigned']}, the gang has {gang['podsets']}")
             if j["pods"] > gang["pods"]:
                 bad.append(f"{where}: {j['pods']} gang pods, more than the gang's {gang['pods']}")
-            if j["deploy"] == "Running" and j["pods"] + j["terminating"] != gang["pods"]:
-                bad.append(f"{where}: Running with {j['pods']} live + {j['terminating']} terminating of "
+            if j["deploy"] == "Running" and j["pods"] + j["releasing"] != gang["pods"]:
+                bad.append(f"{where}: Running with {j['pods']} live + {j['releasing']} releasing of "
                            f"{gang['pods']} gang pods")
         held = sum(j["reserved_gpus"] for j in s["jobs"].values() if not j["finished"])
         if held > quota_gpus:

@@ -103,7 +103,7 @@ def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
     evidence.record("a_requeues", max(int((s["jobs"][a]["requeue"] or {}).get("count") or 0) for s in samples))
     evidence.record("outcome", {n: {"jobStatus": final[n]["job"], "deploy": final[n]["deploy"]} for n in (a, b)})
     assert len(while_a) >= 10, f"only {len(while_a)} samples of {b} while {a} held the gang (expected >= 10)"
-    holding = [j for j in while_a if j["pods"] or j["submitter"] or j["terminating"] or not j["suspend"] or j["quota"]]
+    holding = [j for j in while_a if j["pods"] or j["submitter"] or j["releasing"] or not j["suspend"] or j["quota"]]
     assert not holding, (
         f"{b} was not fully suspended while {a} held the queue's only gang: expected suspend=true, no quota, no pods; "
         f"saw {holding[:3]}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.workloads import serving, training
-from conformance.workloads.test_head_pressure import check_head_pressure_is_oom_killed
+from tests.runtime import serving, training
+from tests.runtime.test_head_pressure import check_head_pressure_is_oom_killed
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.workloads.training import (
+from tests.runtime.training import (
     check_blocked_collectives_fail_fast,
     check_resume_matches_uninterrupted,
     check_worker_loss_recovers,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.workloads.serving import (
+from tests.runtime.serving import (
     check_gcs_loss_without_ft_is_reported,
     check_serve_survives_gcs_loss,
     serve_cluster,

@@ -1,0 +1,80 @@
+"""The admission sampler judges only what holds resources (conformance/admission/sampling.py)."""
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+from conformance.admission.sampling import Sampler, gang_violations, holds_resources
+
+CLUSTER_UID, JOB_UID = "uid-raycluster", "uid-submitter-job"
+
+
+def pod(name: str, owner_uid: str | None, *, phase: str = "Running", deleting: bool = False,
+        labels: dict[str, str] | None = None) -> NS:
+    owners = [NS(uid=owner_uid, controller=True)] if owner_uid else []
+    return NS(metadata=NS(name=name, labels=labels or {}, owner_references=owners, deletion_timestamp="now" if deleting else None,
+                          creation_timestamp=None),
+              status=NS(phase=phase, conditions=[], container_statuses=[]),
+              spec=NS(containers=[]))
+
+
+def test_a_pod_holds_resources_only_while_it_and_its_controller_stand() -> None:
+    live = {CLUSTER_UID}
+    assert holds_resources(pod("head", CLUSTER_UID), live)
+    assert holds_resources(pod("bare", None), live), "a pod without a controller is judged as it is"
+    assert not holds_resources(pod("head", CLUSTER_UID, deleting=True), live)
+    assert not holds_resources(pod("head", CLUSTER_UID, phase="Succeeded"), live)
+    assert not holds_resources(pod("head", CLUSTER_UID, phase="Failed"), live)
+    assert not holds_resources(pod("head", "uid-of-a-deleted-raycluster"), live), (
+        "a pod whose RayCluster is gone is being garbage-collected: released, not held")
+
+
+class FakeLab:
+    """Answers the sampler's reads: one namespace, one RayJob whose quota was
+    released while its RayCluster's pods and its submitter wait for the
+    garbage collector (the moment ADM-2 once failed on)."""
+
+    def __init__(self, owners_alive: bool):
+        self.api = None
+        self.owners_alive = owners_alive
+        gang = {"ray.io/cluster": "job-abcde"}
+        self._pods = [pod("job-abcde-head", CLUSTER_UID, labels=gang),
+                      pod("job-abcde-w1", CLUSTER_UID, labels=gang), pod("job-abcde-w2", CLUSTER_UID, labels=gang),
+                      pod("job-sub", JOB_UID, labels={"job-name": "job"})]
+        self.custom = NS(get_cluster_custom_object=lambda *a: {"status": {}},
+                         list_namespaced_custom_object=self._list)
+
+    def _list(self, group, version, ns, plural):
+        alive = self.owners_alive and plural == "rayclusters"
+        return {"items": [{"metadata": {"uid": CLUSTER_UID}}] if alive else []}
+
+    def ray(self, ns, plural, name):
+        return {"spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
+
+    def pods(self, ns):
+        return self._pods
+
+    def workloads(self, ns):
+        return [{"metadata": {"ownerReferences": [{"kind": "RayJob", "name": "job"}]},
+                 "status": {"conditions": [{"type": "QuotaReserved", "status": "False"}]}}]
+
+
+def sample_with(owners_alive: bool, monkeypatch) -> dict:
+    from kubernetes import client
+
+    jobs = [NS(metadata=NS(uid=JOB_UID, deletion_timestamp=None))] if owners_alive else []
+    monkeypatch.setattr(client, "BatchV1Api", lambda api: NS(list_namespaced_job=lambda ns: NS(items=jobs)))
+    sampler = Sampler(FakeLab(owners_alive), {"job": "ns"}, "cq")
+    return sampler.sample()
+
+
+def test_pods_of_a_released_gang_are_not_held_without_quota(monkeypatch) -> None:
+    gangs = {"job": {"pods": 3, "gpus": 0, "podsets": {"head": 1, "workers": 2}}}
+    released = sample_with(owners_alive=False, monkeypatch=monkeypatch)
+    assert released["jobs"]["job"]["pods"] == 0 and released["jobs"]["job"]["submitter"] == 0
+    assert released["jobs"]["job"]["releasing"] == 3
+    assert gang_violations([released], gangs, quota_gpus=0) == []
+    # The same pods with their RayCluster and Job standing are a gang held without quota.
+    held = sample_with(owners_alive=True, monkeypatch=monkeypatch)
+    assert held["jobs"]["job"]["pods"] == 3 and held["jobs"]["job"]["submitter"] == 1
+    assert gang_violations([held], gangs, quota_gpus=0) == [
+        "t=0.0s job: 3 gang pods and 1 submitter without quota reserved"]
