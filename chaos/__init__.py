@@ -2,13 +2,18 @@
 
 Every module has ``steady_state`` (a probe returning a bool or a value),
 ``inject`` and ``revert``, all taking ``kubeconfig`` (a path; empty for the
-usual kubeconfig resolution) and names of objects. They act only through the
-Kubernetes API, so they behave the same on every platform. The pytest clauses
-run them through chaostoolkit's runner (:mod:`chaos.runner`) from the
-experiments in ``chaos/experiments/``; the same files run from the command line:
+usual kubeconfig resolution), ``context`` (a context of that kubeconfig;
+empty for its current context) and names of objects. Every public function
+that reaches the cluster takes both and passes both on, and every experiment
+declares both as configuration (``context`` defaults to ""), so a fault acts
+on the cluster that was certified (``--context``), never merely on the
+kubeconfig's current context. They act only through the Kubernetes API, so
+they behave the same on every platform. The pytest clauses run them through
+chaostoolkit's runner (:mod:`chaos.runner`) from the experiments in
+``chaos/experiments/``; the same files run from the command line:
 
     chaos run chaos/experiments/preempt-worker.json --var kubeconfig=$KUBECONFIG \\
-        --var namespace=team-a --var cluster=train-abc12
+        --var context=gpu-east --var namespace=team-a --var cluster=train-abc12
 
 | module | fault |
 | --- | --- |

@@ -7,28 +7,29 @@ from typing import Any
 
 @functools.lru_cache(maxsize=8)
 def api(kubeconfig: str = "", context: str = "") -> Any:
-    """An ``ApiClient`` for ``kubeconfig`` (empty: $KUBECONFIG, then ~/.kube/config)."""
+    """An ``ApiClient`` for ``kubeconfig`` (empty: $KUBECONFIG, then ~/.kube/config)
+    and its ``context`` (empty: the kubeconfig's current context)."""
     from kubernetes import config
 
     return config.new_client_from_config(config_file=kubeconfig or None, context=context or None)
 
 
-def core(kubeconfig: str) -> Any:
+def core(kubeconfig: str, context: str = "") -> Any:
     from kubernetes import client
 
-    return client.CoreV1Api(api(kubeconfig))
+    return client.CoreV1Api(api(kubeconfig, context))
 
 
-def custom(kubeconfig: str) -> Any:
+def custom(kubeconfig: str, context: str = "") -> Any:
     from kubernetes import client
 
-    return client.CustomObjectsApi(api(kubeconfig))
+    return client.CustomObjectsApi(api(kubeconfig, context))
 
 
-def networking(kubeconfig: str) -> Any:
+def networking(kubeconfig: str, context: str = "") -> Any:
     from kubernetes import client
 
-    return client.NetworkingV1Api(api(kubeconfig))
+    return client.NetworkingV1Api(api(kubeconfig, context))
 
 
 def ignore_missing(call, *args: Any, **kwargs: Any) -> bool:
@@ -44,9 +45,9 @@ def ignore_missing(call, *args: Any, **kwargs: Any) -> bool:
         raise
 
 
-def ray_pods(kubeconfig: str, namespace: str, cluster: str, node_type: str) -> list[Any]:
+def ray_pods(kubeconfig: str, namespace: str, cluster: str, node_type: str, context: str = "") -> list[Any]:
     """Pods of RayCluster ``cluster`` of ``node_type`` (head|worker), oldest first."""
-    pods = core(kubeconfig).list_namespaced_pod(
+    pods = core(kubeconfig, context).list_namespaced_pod(
         namespace, label_selector=f"ray.io/cluster={cluster},ray.io/node-type={node_type}").items
     return sorted((p for p in pods if p.metadata.deletion_timestamp is None),
                   key=lambda p: p.metadata.creation_timestamp)

@@ -47,28 +47,29 @@ def documented_allow_policy(labels: dict[str, str] | None = None,
                      "ingress": DESIGN_WORKER_INGRESS if ingress is None else ingress}}
 
 
-def steady_state(kubeconfig: str, namespace: str) -> bool:
+def steady_state(kubeconfig: str, namespace: str, context: str = "") -> bool:
     """No policy of this module is in ``namespace``."""
-    names = {p.metadata.name for p in _kube.networking(kubeconfig).list_namespaced_network_policy(namespace).items}
+    names = {p.metadata.name
+             for p in _kube.networking(kubeconfig, context).list_namespaced_network_policy(namespace).items}
     return not names & {DENY_NAME}
 
 
-def inject(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None) -> str:
+def inject(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None, context: str = "") -> str:
     """Apply the deny policy to the workers of ``namespace``; returns its name."""
-    _kube.networking(kubeconfig).create_namespaced_network_policy(namespace, deny_policy(labels))
+    _kube.networking(kubeconfig, context).create_namespaced_network_policy(namespace, deny_policy(labels))
     return DENY_NAME
 
 
 def allow(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None,
-          ingress: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+          ingress: list[dict[str, Any]] | None = None, context: str = "") -> dict[str, Any]:
     """Apply the documented worker policy (NET-2); returns it as applied."""
     policy = documented_allow_policy(labels, ingress)
-    _kube.networking(kubeconfig).create_namespaced_network_policy(namespace, policy)
+    _kube.networking(kubeconfig, context).create_namespaced_network_policy(namespace, policy)
     return policy
 
 
-def revert(kubeconfig: str, namespace: str) -> list[str]:
+def revert(kubeconfig: str, namespace: str, context: str = "") -> list[str]:
     """Delete both policies where present; returns what was deleted."""
-    net = _kube.networking(kubeconfig)
+    net = _kube.networking(kubeconfig, context)
     return [name for name in (DENY_NAME, ALLOW_NAME)
             if _kube.ignore_missing(net.delete_namespaced_network_policy, name, namespace)]

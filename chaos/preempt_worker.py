@@ -16,27 +16,29 @@ from typing import Any
 from chaos import _kube
 
 
-def steady_state(kubeconfig: str, namespace: str, cluster: str, workers: int, within_s: float = 0) -> bool:
+def steady_state(kubeconfig: str, namespace: str, cluster: str, workers: int, within_s: float = 0,
+                 context: str = "") -> bool:
     """Every one of the ``workers`` worker pods of ``cluster`` exists and is
     Ready (within ``within_s``: after the fault, the platform's time to heal)."""
     def whole() -> bool:
-        pods = _kube.ray_pods(kubeconfig, namespace, cluster, "worker")
+        pods = _kube.ray_pods(kubeconfig, namespace, cluster, "worker", context)
         return len(pods) == int(workers) and all(_kube.ready(p) for p in pods)
     return _kube.holds_within(whole, within_s, f"{workers} Ready worker pods of RayCluster {namespace}/{cluster}")
 
 
-def inject(kubeconfig: str, namespace: str, cluster: str, node_type: str = "worker") -> dict[str, Any]:
+def inject(kubeconfig: str, namespace: str, cluster: str, node_type: str = "worker",
+           context: str = "") -> dict[str, Any]:
     """Delete the newest ``node_type`` (worker|head) pod of ``cluster`` with grace period 0."""
-    pods = _kube.ray_pods(kubeconfig, namespace, cluster, node_type)
+    pods = _kube.ray_pods(kubeconfig, namespace, cluster, node_type, context)
     if not pods:
         raise RuntimeError(f"RayCluster {namespace}/{cluster} has no {node_type} pod to preempt")
     victim = pods[-1]
-    _kube.core(kubeconfig).delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
+    _kube.core(kubeconfig, context).delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
     return {"pod": victim.metadata.name, "node": victim.spec.node_name, "pod_ip": victim.status.pod_ip,
             "deleted_at": time.time()}
 
 
-def revert(kubeconfig: str, namespace: str, cluster: str) -> str:
+def revert(kubeconfig: str, namespace: str, cluster: str, context: str = "") -> str:
     """Nothing to undo: KubeRay replaces the pod. Returns what it found."""
-    pods = _kube.ray_pods(kubeconfig, namespace, cluster, "worker")
+    pods = _kube.ray_pods(kubeconfig, namespace, cluster, "worker", context)
     return f"{len(pods)} worker pods of {cluster}"

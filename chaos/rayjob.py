@@ -18,71 +18,84 @@ from fixtures.waiting import WaitTimeout, wait_for
 STATES = {
     "finished": lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
     "running": lambda s: s.get("jobStatus") == "RUNNING",
+    # The driver has run (it may already have ended): a fail-fast bound counts from here.
+    "started": lambda s: s.get("jobStatus") in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
+    or s.get("jobDeploymentStatus") in ("Complete", "Failed"),
     "retrying_or_finished": lambda s: s.get("jobDeploymentStatus") in ("Retrying", "Complete", "Failed")
     or int(s.get("failed") or 0) > 0,
 }
 
 
-def none_hanging(kubeconfig: str, namespace: str) -> bool:
+def none_hanging(kubeconfig: str, namespace: str, context: str = "") -> bool:
     """Steady state: no RayJob in ``namespace`` is running (none exist, or all
     have ended or wait suspended). A RayJob left Running after its method's
     wait is the hang the fail-fast clauses are about."""
-    jobs = _kube.custom(kubeconfig).list_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs").get("items", [])
+    jobs = _kube.custom(kubeconfig, context).list_namespaced_custom_object(
+        "ray.io", "v1", namespace, "rayjobs").get("items", [])
     return not [j for j in jobs if (j.get("status") or {}).get("jobDeploymentStatus") == "Running"]
 
 
-def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any]) -> str:
-    _kube.custom(kubeconfig).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
+def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any], context: str = "") -> str:
+    _kube.custom(kubeconfig, context).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
     return rayjob["metadata"]["name"]
 
 
-def workloads_of(kubeconfig: str, namespace: str, rayjob: str) -> list[dict[str, Any]]:
+def workloads_of(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> list[dict[str, Any]]:
     """The Kueue Workloads owned by RayJob ``rayjob``."""
-    items = _kube.custom(kubeconfig).list_namespaced_custom_object(
+    items = _kube.custom(kubeconfig, context).list_namespaced_custom_object(
         mf.KUEUE, mf.KUEUE_VERSION, namespace, "workloads").get("items", [])
     return mf.owned_by_rayjob(items, rayjob)
 
 
-def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float) -> dict[str, Any]:
+def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float,
+               context: str = "", unless_evicted: bool = False) -> dict[str, Any]:
     """Wait until RayJob ``name`` is in ``state`` (a key of STATES); returns
-    ``{"reached": bool, "elapsed_s", "status", "cause"}`` (never raises on
-    timeout). A queued job still without a Kueue Workload after
+    ``{"reached": bool, "elapsed_s", "status", "cause", "evicted"}`` (never
+    raises on timeout). A queued job still without a Kueue Workload after
     CONTROLLER_RECONCILE will never be admitted: that ends the wait early, its
-    ``cause`` saying so (checked once)."""
+    ``cause`` saying so (checked once). With ``unless_evicted`` an eviction of
+    its Workload ends the wait too (``evicted``: that condition)."""
     began = time.monotonic()
     tier = Tier(f"rayjob_{state}", float(within_s), f"RayJob {state}")
-    queue_checked, cause = False, None
+    queue_checked, cause, evicted = False, None, None
 
     def observe() -> dict[str, Any]:
-        nonlocal queue_checked, cause
-        job = _kube.custom(kubeconfig).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
+        nonlocal queue_checked, cause, evicted
+        job = _kube.custom(kubeconfig, context).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
         st = job.get("status") or {}
+        if unless_evicted:
+            evicted = next((c for w in workloads_of(kubeconfig, namespace, name, context)
+                            for c in (w.get("status") or {}).get("conditions") or []
+                            if c["type"] == "Evicted" and c["status"] == "True"), None)
         if not queue_checked and time.monotonic() - began >= CONTROLLER_RECONCILE.seconds and not STATES[state](st):
             queue_checked = True
-            if mf.QUEUE_LABEL in (job["metadata"].get("labels") or {}) and not workloads_of(kubeconfig, namespace, name):
+            if mf.QUEUE_LABEL in (job["metadata"].get("labels") or {}) \
+                    and not workloads_of(kubeconfig, namespace, name, context):
                 cause = mf.unmanaged_rayjob(namespace, name, CONTROLLER_RECONCILE.seconds)
         return st
 
     try:
-        st = wait_for(observe, lambda s: STATES[state](s) or cause is not None, timeout=tier, interval=1,
-                      description=f"RayJob {namespace}/{name} to be {state}")
+        st = wait_for(observe, lambda s: STATES[state](s) or cause is not None or evicted is not None, timeout=tier,
+                      interval=1, description=f"RayJob {namespace}/{name} to be {state}")
         reached = STATES[state](st)
     except WaitTimeout as exc:
         st, reached = exc.last_value or {}, False
     return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1), "cause": cause,
+            "evicted": evicted and {k: evicted.get(k) for k in ("reason", "message", "lastTransitionTime")},
             "status": {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message", "failed",
                                               "succeeded", "rayClusterName")}}
 
 
 def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: str, within_s: float,
-                       reason: str = "") -> dict[str, Any]:
+                       reason: str = "", context: str = "") -> dict[str, Any]:
     """Wait until the Kueue Workload of ``rayjob`` has ``condition`` True (with
     ``reason`` when given); returns ``{"reached", "elapsed_s", "conditions"}``."""
     began = time.monotonic()
     tier = Tier(f"workload_{condition.lower()}", float(within_s), f"Workload {condition}")
 
     def observe() -> list[dict[str, Any]]:
-        return [c for w in workloads_of(kubeconfig, namespace, rayjob) for c in (w.get("status") or {}).get("conditions") or []]
+        return [c for w in workloads_of(kubeconfig, namespace, rayjob, context)
+                for c in (w.get("status") or {}).get("conditions") or []]
 
     def done(conds: list[dict[str, Any]]) -> bool:
         return any(c["type"] == condition and c["status"] == "True" and (not reason or c.get("reason") == reason)

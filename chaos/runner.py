@@ -65,6 +65,17 @@ def output(journal: Mapping[str, Any], activity: str) -> Any:
                          f"deviated={journal.get('deviated')})")
 
 
+def ended_at(journal: Mapping[str, Any], activity: str) -> float:
+    """When the method activity named ``activity`` ended (epoch seconds, from
+    the journal's UTC ``end`` stamp): the moment a fault was in place."""
+    from datetime import datetime, timezone
+
+    for entry in journal.get("run", []):
+        if entry["activity"]["name"] == activity and entry.get("end"):
+            return datetime.fromisoformat(entry["end"]).replace(tzinfo=timezone.utc).timestamp()
+    raise AssertionError(f"experiment activity {activity!r} did not end (journal status {journal.get('status')})")
+
+
 def summary(journal: Mapping[str, Any]) -> dict[str, Any]:
     """The journal in a few fields, for the clause's evidence."""
     return {"status": journal.get("status"), "deviated": journal.get("deviated"),

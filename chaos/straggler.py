@@ -47,10 +47,10 @@ def with_straggler(rayjob: dict[str, Any], delay_s: float | None) -> dict[str, A
     return job
 
 
-def steady_state(kubeconfig: str, namespace: str, rayjob: str) -> dict[str, Any]:
+def steady_state(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> dict[str, Any]:
     """The RayJob's deployment and job status (a probe: returns the value)."""
     try:
-        status = _kube.custom(kubeconfig).get_namespaced_custom_object(
+        status = _kube.custom(kubeconfig, context).get_namespaced_custom_object(
             "ray.io", "v1", namespace, "rayjobs", rayjob).get("status") or {}
     except Exception:  # noqa: BLE001 - absent before inject, gone after revert
         return {"exists": False}
@@ -58,30 +58,35 @@ def steady_state(kubeconfig: str, namespace: str, rayjob: str) -> dict[str, Any]
             "jobStatus": status.get("jobStatus")}
 
 
-def inject(kubeconfig: str, namespace: str, rayjob: dict[str, Any], delay_s: float | None = None) -> str:
+def inject(kubeconfig: str, namespace: str, rayjob: dict[str, Any], delay_s: float | None = None,
+           context: str = "") -> str:
     """Create ``rayjob`` with a straggler (see :func:`with_straggler`); returns its name."""
     body = with_straggler(rayjob, delay_s)
-    _kube.custom(kubeconfig).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", body)
+    _kube.custom(kubeconfig, context).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", body)
     return body["metadata"]["name"]
 
 
-def observe(kubeconfig: str, namespace: str, name: str, wait_for: str, within_s: float) -> dict[str, Any]:
-    """Wait for the outcome: ``finished`` (the RayJob ended) or ``requeued``
-    (its Workload was evicted for PodsReadyTimeout and then requeued)."""
+def observe(kubeconfig: str, namespace: str, name: str, wait_for: str, within_s: float,
+            context: str = "") -> dict[str, Any]:
+    """Wait for the outcome: ``finished`` (the RayJob ended), ``finished_or_evicted``
+    (that, or its Workload was evicted first) or ``requeued`` (its Workload was
+    evicted for PodsReadyTimeout and then requeued)."""
     from chaos import rayjob
 
-    if wait_for == "finished":
-        return rayjob.wait_state(kubeconfig, namespace, name, "finished", within_s)
+    if wait_for in ("finished", "finished_or_evicted"):
+        return rayjob.wait_state(kubeconfig, namespace, name, "finished", within_s, context=context,
+                                 unless_evicted=wait_for == "finished_or_evicted")
     if wait_for == "requeued":
-        evicted = rayjob.workload_condition(kubeconfig, namespace, name, "Evicted", within_s, reason="PodsReadyTimeout")
-        requeued = rayjob.workload_condition(kubeconfig, namespace, name, "Requeued", within_s) \
+        evicted = rayjob.workload_condition(kubeconfig, namespace, name, "Evicted", within_s, reason="PodsReadyTimeout",
+                                            context=context)
+        requeued = rayjob.workload_condition(kubeconfig, namespace, name, "Requeued", within_s, context=context) \
             if evicted["reached"] else {"reached": False, "elapsed_s": 0, "conditions": []}
         return {"evicted": evicted, "requeued": requeued}
-    raise ValueError(f"wait_for must be 'finished' or 'requeued', not {wait_for!r}")
+    raise ValueError(f"wait_for must be 'finished', 'finished_or_evicted' or 'requeued', not {wait_for!r}")
 
 
-def revert(kubeconfig: str, namespace: str, name: str) -> bool:
-    return _kube.ignore_missing(_kube.custom(kubeconfig).delete_namespaced_custom_object,
+def revert(kubeconfig: str, namespace: str, name: str, context: str = "") -> bool:
+    return _kube.ignore_missing(_kube.custom(kubeconfig, context).delete_namespaced_custom_object,
                                 "ray.io", "v1", namespace, "rayjobs", name)
 
 

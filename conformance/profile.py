@@ -118,9 +118,9 @@ SCHEMA: dict[str, Any] = {
         "priorityClasses": {"low": _name, "high": _name},
         "preemption": one_of(PREEMPTION_POLICIES),
         "waitForPodsReady": _wait_for_pods_ready,
+        "longestHealthyPull": duration(positive=True),
     },
     "training": {
-        "collectiveTimeout": duration(positive=True),
         "maxCollectiveTimeout": duration(positive=True),
         "checkpointEvery": int_range(1, 1000),
         "checkpoints": {"storageClassName": optional(_name), "size": quantity, "mountPath": _mount},
@@ -151,7 +151,7 @@ class CertificationProfile:
         return self.data[key]
 
     def seconds(self, dotted: str) -> float | None:
-        """A duration field in seconds, e.g. ``seconds("training.collectiveTimeout")``."""
+        """A duration field in seconds, e.g. ``seconds("training.maxCollectiveTimeout")``."""
         node: Any = self.data
         for part in dotted.split("."):
             node = None if node is None else node[part]
@@ -164,10 +164,6 @@ class CertificationProfile:
     @property
     def worker_gpus(self) -> int:
         return int(self.data["workers"]["gpus"])
-
-    @property
-    def collective_timeout_s(self) -> float:
-        return parse_duration(self.data["training"]["collectiveTimeout"])
 
     @property
     def wait_for_pods_ready_s(self) -> float | None:

@@ -16,11 +16,11 @@ from fixtures.waiting import wait_for
 
 def training_rayjob(lab: Any, name: str, *, workers: int = 2, steps: int = 12, step_time_s: float = 0.0,
                     max_failures: int = 0, queue: str | None = "team", priority_class: str | None = None,
-                    backoff_limit: int = 0, timeout_s: float | None = None, run_name: str | None = None,
+                    backoff_limit: int = 0, run_name: str | None = None,
                     checkpoint_every: int | None = None) -> dict[str, Any]:
     profile = lab.profile
     entry = mf.training_entrypoint(profile, run_name or name, world_size=workers, steps=steps, step_time_s=step_time_s,
-                                   max_failures=max_failures, timeout_s=timeout_s, checkpoint_every=checkpoint_every)
+                                   max_failures=max_failures, checkpoint_every=checkpoint_every)
     spec = mf.raycluster_spec(profile, lab.labels, workers=workers)
     return mf.rayjob(name, lab.labels, entry, spec, queue=queue, priority_class=priority_class,
                      backoff_limit=backoff_limit)
@@ -86,12 +86,48 @@ def wait_settled_checkpoint(log: DriverLog, *, last_step_below: int) -> tuple[di
     return ckpt, step
 
 
-def require_fail_fast_timeout(profile: Any, evidence: Any, consequence: str) -> float:
-    """The platform's collective timeout, recorded; fails the clause when it is
-    above the profile's fail-fast bound (``consequence`` says what that costs)."""
-    timeout_s = evidence.record("collective_timeout_s", profile.collective_timeout_s)
-    bound_s = profile.seconds("training.maxCollectiveTimeout")
+def collectives_in_flight(events: list[dict[str, Any]], at: float) -> list[dict[str, Any]]:
+    """The collectives some rank was inside at wall time ``at``: its latest
+    ``collective`` begin before ``at`` with no end before ``at``
+    (``workloads/fsdp_train.py`` brackets each synchronised phase of a step)."""
+    spans = [e for e in events if e["event"] == "collective"]
+    latest: dict[tuple, dict[str, Any]] = {}
+    for e in spans:
+        if e["phase"] == "begin" and e["ts"] <= at:
+            latest[(e["rank"], e["op"], e["step"])] = e
+    in_flight = []
+    for key, begin in sorted(latest.items(), key=lambda kv: kv[1]["ts"]):
+        ended = [e for e in spans if e["phase"] == "end" and (e["rank"], e["op"], e["step"]) == key
+                 and begin["ts"] <= e["ts"] <= at]
+        if not ended:
+            in_flight.append({"rank": key[0], "op": key[1], "step": key[2], "began_s_before": round(at - begin["ts"], 3)})
+    return in_flight
+
+
+def promised_fail_fast_bound(profile: Any, evidence: Any) -> float:
+    """The platform's promise: how soon a training whose collectives cannot
+    complete fails or restarts (profile ``training.maxCollectiveTimeout``)."""
+    return evidence.record("promised_fail_fast_bound_s", profile.seconds("training.maxCollectiveTimeout"))
+
+
+def collective_timeout_used(events: list[dict[str, Any]], evidence: Any) -> dict[str, Any] | None:
+    """The collective timeout the training's process group was really given
+    (its driver's ``process_group_setup`` event) and where it came from (the
+    platform's environment, or Ray Train's default), recorded; None when the
+    process group never began to form."""
+    setups = [e for e in events if e["event"] == "process_group_setup"]
+    starts = [e for e in events if e["event"] == "start"]
+    if not setups:
+        return evidence.record("collective_timeout", None)
+    return evidence.record("collective_timeout", {"timeout_s": setups[0].get("timeout_s"),
+                                                  "source": starts[0].get("timeout_source") if starts else None})
+
+
+def require_timeout_within(used: dict[str, Any] | None, bound_s: float, consequence: str) -> None:
+    """Fails the clause when the training ran with a collective timeout above
+    the promised bound (``consequence`` says what that costs)."""
+    assert used is not None, "the training never reported its process-group setup, so its timeout is unknown"
+    timeout_s = float(used["timeout_s"])
     assert timeout_s <= bound_s, (
-        f"the platform's collective timeout is {timeout_s:g} s, above the fail-fast bound of {bound_s:g} s: "
-        f"{consequence} for {timeout_s / 60:.0f} min")
-    return timeout_s
+        f"the training ran with a collective timeout of {timeout_s:g} s (from {used['source']}), above the "
+        f"platform's promised fail-fast bound of {bound_s:g} s: {consequence} for {timeout_s / 60:.0f} min")

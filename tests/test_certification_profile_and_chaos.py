@@ -20,7 +20,7 @@ from fixtures.timeouts import Tier
 
 def test_default_profile_is_valid() -> None:
     p = profile_mod.load()
-    assert p.collective_timeout_s == 60
+    assert p["ray"]["env"]["COLLECTIVE_TIMEOUT_S"] == "60"
     assert p.wait_for_pods_ready_s == 120
     assert p.worker_gpus == 8
     assert p["kueue"]["priorityClasses"] == {"low": "rayproof-low", "high": "rayproof-high"}
@@ -28,7 +28,7 @@ def test_default_profile_is_valid() -> None:
 
 @pytest.mark.parametrize("override, message", [
     ({"kueue": {"preemtion": "Never"}}, "field kueue.preemtion: unknown"),
-    ({"training": {"collectiveTimeout": "soon"}}, "field training.collectiveTimeout: must be a Go duration"),
+    ({"training": {"maxCollectiveTimeout": "soon"}}, "field training.maxCollectiveTimeout: must be a Go duration"),
     ({"workers": {"gpus": -1}}, "field workers.gpus: must be an integer from 0 to 64"),
     ({"kueue": {"priorityClasses": {"high": "rayproof-low"}}}, "kueue.priorityClasses.high: must differ from low"),
     ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
@@ -143,7 +143,7 @@ class _FakeCustomApi:
 def test_waiting_on_a_queued_rayjob_without_a_workload_ends_early_naming_the_cause(monkeypatch, labels, workloads,
                                                                                  early) -> None:
     monkeypatch.setattr(rayjob, "CONTROLLER_RECONCILE", Tier("controller_reconcile", 0, "test"))
-    monkeypatch.setattr(rayjob._kube, "custom", lambda kubeconfig: _FakeCustomApi(labels, workloads))
+    monkeypatch.setattr(rayjob._kube, "custom", lambda kubeconfig, context="": _FakeCustomApi(labels, workloads))
     out = rayjob.wait_state("", "ns", "j", "finished", within_s=3)
     assert not out["reached"]
     if early:
@@ -176,3 +176,56 @@ def test_lab_teardown_deletes_its_namespaces_even_when_deleting_ray_objects_fail
     with pytest.raises(ApiException), contextlib.ExitStack() as stack:
         stack.callback(lab._delete_namespaces)
     assert deleted == ["rp-x-a", "rp-x-b"]
+
+
+def test_oom_probe_requires_a_new_termination_not_an_earlier_oom_kill(monkeypatch) -> None:
+    """A head whose last termination is an OOMKilled from before the fault
+    (restart count unchanged) is not this fault's OOM kill; one more restart
+    ending OOMKilled is. Without a count given, the probe reads the count
+    inject recorded on the pressure job."""
+    from chaos import head_oom
+
+    states = iter([{"restarts": 2, "last_reason": "OOMKilled"}] * 3 + [{"restarts": 3, "last_reason": "OOMKilled"}] * 9)
+    monkeypatch.setattr(head_oom, "head_restarts", lambda *a, **kw: {"restarts": 2, "last_reason": "OOMKilled"})
+    stale = head_oom.wait_oom_killed("", "ns", "c", within_s=2, restarts_before=2)
+    assert not stale["reached"] and stale["restarts_before"] == 2
+    monkeypatch.setattr(head_oom, "head_restarts", lambda *a, **kw: next(states))
+    assert head_oom.wait_oom_killed("", "ns", "c", within_s=10, restarts_before=2)["reached"]
+
+    job = head_oom.pressure_job("p", "c", 1, restarts_before=2)
+    assert job["metadata"]["annotations"] == {head_oom.RESTARTS_BEFORE_ANNOTATION: "2"}
+    fake = type("Custom", (), {"get_namespaced_custom_object": lambda self, *a: job})()
+    monkeypatch.setattr(head_oom._kube, "custom", lambda kubeconfig, context="": fake)
+    monkeypatch.setattr(head_oom, "head_restarts", lambda *a, **kw: {"restarts": 2, "last_reason": "OOMKilled"})
+    recorded = head_oom.wait_oom_killed("", "ns", "c", within_s=1, pressure_job="p")
+    assert not recorded["reached"] and recorded["restarts_before"] == 2
+
+
+def test_gcs1_counts_the_cluster_back_only_when_the_gcs_lists_a_new_head_and_every_worker() -> None:
+    from conformance.gcs.test_gcs import nodes_back, series_summary
+
+    before = {"ts": 0, "alive": 2, "alive_nodes": ["head:old", "worker:w1"]}
+    series = [{"ts": 1, "alive": 2, "alive_nodes": ["head:old", "worker:w1"]},  # before the fault
+              {"ts": 2, "error": "URLError: connection refused"},  # the head is down
+              {"ts": 3, "alive": 3, "alive_nodes": ["head:new", "head:old", "worker:w1"]},  # the dead head still listed
+              {"ts": 4, "alive": 1, "alive_nodes": ["head:new"]},  # the worker not (yet) back
+              {"ts": 5, "alive": 2, "alive_nodes": ["head:new", "worker:w1"]}]
+    assert nodes_back(series, before, after=0)["ts"] == 5
+    assert nodes_back(series[:4], before, after=0) is None
+    runs = series_summary(series, since=1)
+    assert [(r["value"], r["from_s"], r["samples"]) for r in runs] == [
+        ("alive=2", 0, 1), ("no answer", 1, 1), ("alive=3", 2, 1), ("alive=1", 3, 1), ("alive=2", 4, 1)]
+
+
+def test_gcs1_names_each_worker_pod_restarted_or_replaced_and_how_it_ended() -> None:
+    from conformance.gcs.test_gcs import worker_changes
+
+    def pod(uid: str, restarts: int, ended: list[str] = ()) -> dict:
+        return {"uid": uid, "restarts": restarts, "deleting": False, "last_terminations": list(ended)}
+
+    before = {"w-a": pod("1", 0), "w-b": pod("2", 0)}
+    assert worker_changes(before, dict(before)) == []
+    changed = worker_changes(before, {"w-a": pod("1", 1, ["ray-worker: Error (exit 1) at t"]), "w-c": pod("3", 0)})
+    assert any("w-a restarted (0 -> 1" in c and "Error (exit 1)" in c for c in changed), changed
+    assert any("w-b is gone (replaced by ['w-c'])" in c for c in changed), changed
+    assert any("w-c is new" in c for c in changed), changed

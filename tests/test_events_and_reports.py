@@ -113,3 +113,32 @@ def test_changed_bounds_are_non_default_and_printed_at_the_top(tmp_path):
     head = (tmp_path / "certification.md").read_text().split("| platform |")[0]
     assert "# rayproof certification: NON-DEFAULT" in head
     assert "`RAYPROOF_TIMEOUT_TRAINING_RUN=1200`" in head and "serving.availabilityTarget = 0.5" in head
+
+
+def test_collectives_in_flight_are_begun_and_not_ended_at_the_moment():
+    from conformance.training_jobs import collectives_in_flight
+
+    def span(phase, ts, rank, op="all_reduce", step=3):
+        return {"event": "collective", "phase": phase, "ts": ts, "rank": rank, "op": op, "step": step}
+
+    events = [span("begin", 10.0, 0, "forward_backward"), span("end", 10.2, 0, "forward_backward"),
+              span("begin", 10.1, 1), span("begin", 10.9, 0), span("end", 11.0, 0), span("end", 11.0, 1),
+              # the same step again after a restart: not the span the fault hit
+              span("begin", 30.0, 1), span("end", 30.5, 1)]
+    assert collectives_in_flight(events, 10.5) == [{"rank": 1, "op": "all_reduce", "step": 3, "began_s_before": 0.4}]
+    assert collectives_in_flight(events, 11.5) == []
+    assert collectives_in_flight(events, 9.0) == []
+
+
+def test_the_collective_timeout_comes_from_the_platform_environment(monkeypatch):
+    from workloads.fsdp_train import COLLECTIVE_TIMEOUT_ENV, parse_args
+
+    base = ["--name", "r", "--storage-path", "/tmp/x"]
+    monkeypatch.delenv(COLLECTIVE_TIMEOUT_ENV, raising=False)
+    args = parse_args(base)
+    assert (args.timeout_s, args.timeout_source) == (None, "Ray Train's default")
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT_ENV, "90")
+    args = parse_args(base)
+    assert (args.timeout_s, args.timeout_source) == (90, "$COLLECTIVE_TIMEOUT_S")
+    args = parse_args([*base, "--timeout-s", "20"])
+    assert (args.timeout_s, args.timeout_source) == (20, "--timeout-s")

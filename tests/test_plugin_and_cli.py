@@ -68,7 +68,7 @@ def test_the_catalogue_is_every_clause_pytest_collects_from_conformance(pytester
     pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
     result = pytester.runpytest(str(conformance.HERE), "--collect-only", "-q", "-p", "no:cacheprovider")
     collected = {line.split("::")[-1] for line in result.outlines if "::test_" in line}
-    assert len(collected) == len(conformance.catalogue()) == 15, (collected, conformance.catalogue())
+    assert len(collected) == len(conformance.catalogue()) == 16, (collected, conformance.catalogue())
     assert not [cid for cid in conformance.catalogue() if cid.startswith("WL-")], "the runtime tier is not certified"
 
 
@@ -100,11 +100,11 @@ def test_report_command_on_missing_file_says_what_to_pass(tmp_path, capsys):
 
 def test_certify_with_a_bad_profile_says_which_field_and_creates_nothing(tmp_path, capsys):
     bad = tmp_path / "profile.yaml"
-    bad.write_text("training:\n  collectiveTimeout: soon\n")
+    bad.write_text("training:\n  maxCollectiveTimeout: soon\n")
     out = tmp_path / "out"
     assert cli.main(["certify", "--profile", str(bad), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "bad profile" in err and "field training.collectiveTimeout" in err, err
+    assert "bad profile" in err and "field training.maxCollectiveTimeout" in err, err
     assert not out.exists()
 
 

@@ -22,6 +22,7 @@ the standard library.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -33,14 +34,37 @@ import tempfile
 import time
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Every rank's events must reach the driver's output as they are: Ray's log
+# deduplication would fold the ranks' `collective` lines (equal but for their
+# numbers) into one "[repeated Nx across cluster]" line.
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 EVENT_MARKER = "RAYPROOF_EVENT"
+# The collective timeout is the platform's, not the program's: a golden
+# training image or job template sets it in this variable (seconds), and the
+# program passes it to Ray Train's TorchConfig. Unset, Ray Train's own default
+# applies (TorchConfig.timeout_s, 1800 s in Ray 2.60): what a team gets from a
+# platform that never tuned it. ``--timeout-s`` overrides both.
+COLLECTIVE_TIMEOUT_ENV = "COLLECTIVE_TIMEOUT_S"
 
 
 def emit(event: str, **fields) -> None:
     """Print one event line with a wall-clock timestamp."""
     record = {"event": event, "ts": round(time.time(), 3), **fields}
     print(f"{EVENT_MARKER} {json.dumps(record, sort_keys=True)}", flush=True)
+
+
+@contextlib.contextmanager
+def collective(op: str, step: int, rank: int):
+    """Brackets one synchronised phase of a step on one rank with ``collective``
+    events (``phase`` begin/end): FSDP's forward and backward (all-gather of
+    each block's parameters, reduce-scatter of its gradients), the loss
+    all-reduce, a checkpoint (``torch.distributed.checkpoint`` plans
+    collectively; ``ray.train.report`` is a barrier). From outside, a fault
+    then shows whether it landed while a rank was inside one."""
+    emit("collective", phase="begin", op=op, step=step, rank=rank)
+    yield
+    emit("collective", phase="end", op=op, step=step, rank=rank)
 
 
 # ---------------------------------------------------------------------------
@@ -162,21 +186,27 @@ def train_loop_per_worker(cfg: dict) -> None:
         inputs, targets = synthetic_batch(cfg["seed"], step, cfg["global_batch"], cfg["seq_len"], cfg["vocab"])
         inputs = inputs[rank * per_rank:(rank + 1) * per_rank].to(device)
         targets = targets[rank * per_rank:(rank + 1) * per_rank].to(device)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        with collective("forward_backward", step, rank):
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
         global_loss = loss.detach().clone()
-        dist.all_reduce(global_loss)  # the reported loss is the global mean
+        if lead:
+            # Rank 0 stands in for the slowest rank of a larger model: its
+            # extra compute pads the step to --step-time-s *before* the
+            # all-reduce, so the other ranks spend that time inside the
+            # collective waiting for it, as ranks wait for the slowest on any
+            # cluster. A fault during a step lands mid-collective.
+            remaining = cfg["step_time_s"] - (time.monotonic() - began)
+            if remaining > 0:
+                time.sleep(remaining)  # sleep-ok: simulated compute, not synchronisation
+        with collective("all_reduce", step, rank):
+            dist.all_reduce(global_loss)  # the reported loss is the global mean
         loss_value = global_loss.item() / world
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss became {loss_value} at step {step}")
-        # Pads each step to a minimum duration, standing in for the compute
-        # time of a larger model so faults can land mid-run.
-        remaining = cfg["step_time_s"] - (time.monotonic() - began)
-        if remaining > 0:
-            time.sleep(remaining)  # sleep-ok: simulated compute, not synchronisation
         if lead:
             emit("step", step=step, loss=round(loss_value, 6), world_size=world)
 
@@ -184,18 +214,19 @@ def train_loop_per_worker(cfg: dict) -> None:
             saved = time.monotonic()
             local_dir = tempfile.mkdtemp(prefix=f"rayproof-ckpt-{step}-r{rank}-")
             try:
-                model_sd, optim_sd = get_state_dict(model, optimizer)
-                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir)
-                if lead:
-                    with open(os.path.join(local_dir, "train_state.json"), "w") as fh:
-                        json.dump({"step": step, "loss": loss_value, "seed": cfg["seed"]}, fh)
-                # Every rank reports its own shard files; Ray Train merges them
-                # into one checkpoint directory under storage_path/name.
-                ray.train.report(
-                    {"step": step, "loss": loss_value},
-                    checkpoint=ray.train.Checkpoint.from_directory(local_dir),
-                    checkpoint_dir_name=f"checkpoint_step_{step:06d}",
-                )
+                with collective("checkpoint", step, rank):
+                    model_sd, optim_sd = get_state_dict(model, optimizer)
+                    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir)
+                    if lead:
+                        with open(os.path.join(local_dir, "train_state.json"), "w") as fh:
+                            json.dump({"step": step, "loss": loss_value, "seed": cfg["seed"]}, fh)
+                    # Every rank reports its own shard files; Ray Train merges them
+                    # into one checkpoint directory under storage_path/name.
+                    ray.train.report(
+                        {"step": step, "loss": loss_value},
+                        checkpoint=ray.train.Checkpoint.from_directory(local_dir),
+                        checkpoint_dir_name=f"checkpoint_step_{step:06d}",
+                    )
             finally:
                 shutil.rmtree(local_dir, ignore_errors=True)
             if lead:
@@ -213,7 +244,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--checkpoint-every", type=int, default=5, help="K: checkpoint every K steps")
-    p.add_argument("--timeout-s", type=int, default=60, help="collective timeout (TorchConfig.timeout_s)")
+    p.add_argument("--timeout-s", type=int, default=None,
+                   help=f"collective timeout (TorchConfig.timeout_s); default: ${COLLECTIVE_TIMEOUT_ENV} from the "
+                        "platform's environment, else Ray Train's own default")
     p.add_argument("--max-failures", type=int, default=1, help="FailureConfig.max_failures (-1 = forever)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
     p.add_argument("--gpus-per-worker", type=float, default=0.0)
@@ -234,8 +267,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.world_size < 1 or args.steps < 1 or args.checkpoint_every < 1:
         p.error("--world-size, --steps and --checkpoint-every must be positive")
-    if args.timeout_s < 1:
-        p.error("--timeout-s must be at least 1 second")
+    args.timeout_source = "--timeout-s" if args.timeout_s is not None else "Ray Train's default"
+    if args.timeout_s is None and os.environ.get(COLLECTIVE_TIMEOUT_ENV):
+        try:
+            args.timeout_s = int(float(os.environ[COLLECTIVE_TIMEOUT_ENV]))
+        except ValueError:
+            p.error(f"${COLLECTIVE_TIMEOUT_ENV}={os.environ[COLLECTIVE_TIMEOUT_ENV]!r} is not a number of seconds")
+        args.timeout_source = f"${COLLECTIVE_TIMEOUT_ENV}"
+    if args.timeout_s is not None and args.timeout_s < 1:
+        p.error("the collective timeout must be at least 1 second")
     return args
 
 
@@ -274,11 +314,12 @@ def failure_reason(exc: BaseException) -> str:
     return chosen[:500]
 
 
-def marked_torch_config(backend: str, timeout_s: int):
-    """``TorchConfig(backend, timeout_s)`` that also emits ``process_group_setup``
-    when Ray Train starts setting up the process group (after the worker
-    actors exist): the moment the collective timeout starts to count, so a
-    fail-fast check can leave worker start-up out of it."""
+def marked_torch_config(backend: str, timeout_s: int | None):
+    """``TorchConfig(backend, timeout_s)`` (Ray Train's default timeout when
+    None) that also emits ``process_group_setup``, with the timeout the process
+    group really gets, when Ray Train starts setting up the process group
+    (after the worker actors exist): the moment the collective timeout starts
+    to count, so a fail-fast check can leave worker start-up out of it."""
     from ray.train.torch import TorchConfig
     from ray.train.torch.config import _TorchBackend  # the backend TorchConfig uses (Ray 2.60)
 
@@ -293,7 +334,7 @@ def marked_torch_config(backend: str, timeout_s: int):
         def backend_cls(self):
             return MarkedBackend
 
-    return MarkedTorchConfig(backend=backend, timeout_s=timeout_s)
+    return MarkedTorchConfig(backend=backend, **({} if timeout_s is None else {"timeout_s": timeout_s}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,11 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         "lr": args.lr, "gpus_per_worker": args.gpus_per_worker,
     }
     use_gpu = args.gpus_per_worker > 0
+    torch_config = marked_torch_config("nccl" if use_gpu else "gloo", args.timeout_s)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=args.world_size, use_gpu=use_gpu, resources_per_worker=_resources(args)),
-        torch_config=marked_torch_config("nccl" if use_gpu else "gloo", args.timeout_s),
+        torch_config=torch_config,
         run_config=RunConfig(
             name=args.name,
             storage_path=args.storage_path,
@@ -331,14 +373,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     emit("start", name=args.name, storage_path=args.storage_path, world_size=args.world_size,
-         steps=args.steps, checkpoint_every=args.checkpoint_every, timeout_s=args.timeout_s,
-         max_failures=args.max_failures, use_gpu=use_gpu)
+         steps=args.steps, checkpoint_every=args.checkpoint_every, timeout_s=torch_config.timeout_s,
+         timeout_source=args.timeout_source, max_failures=args.max_failures, use_gpu=use_gpu)
     began = time.monotonic()
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure becomes one reason line
         reason = failure_reason(exc)
-        emit("failure", reason=reason, error_type=type(exc).__name__, timeout_s=args.timeout_s,
+        emit("failure", reason=reason, error_type=type(exc).__name__, timeout_s=torch_config.timeout_s,
              seconds=round(time.monotonic() - began, 3))
         print(f"training failed: {reason}", file=sys.stderr, flush=True)
         return 1

@@ -207,6 +207,8 @@ class EmbeddedPlatform:
                 "--platform", self.name, "--state-dir", str(self.podnet_dir)]
         if not self.profile.data["network"]["enforceNetworkPolicy"]:
             argv.append("--no-network-policy")
+        if self.profile.data["network"]["policyCutsOpenConnections"]:
+            argv.append("--recheck-established")
         self.start_process("podnet", argv, env=_python_env())
         ready = self.podnet_dir / "controller.ready"
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,

@@ -116,7 +116,7 @@ SCHEMA: dict[str, Any] = {
         },
         "integrations": _integrations,
     },
-    "network": {"enforceNetworkPolicy": boolean},
+    "network": {"enforceNetworkPolicy": boolean, "policyCutsOpenConnections": boolean},
     "kuberay": {
         "env": env_map,
         "featureGates": _gates,

@@ -205,7 +205,8 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {
-            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "rayjob": job, "rayjob_name": name,
+            "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
+            "rayjob": job, "rayjob_name": name,
             "delay_s": None, "wait_for": "requeued", "within_s": bound}, journal_path=tmp_path / "journal.json")
         # The experiment ends at the requeue, which can come (after a 10 s
         # back-off) before the evicted gang's pods have finished terminating:
@@ -286,12 +287,17 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
 
 @pytest.mark.clause("ADM-3")
 def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_path) -> None:
-    """When one worker of an admitted gang becomes Ready late (a slow image pull,
-    here 40 s), training MUST wait for it: the worker group starts and every step
-    runs with the full world size, never a partial one, and the job succeeds. The
-    accelerator time the early workers held idle while waiting is reported in
-    GPU-hours and money (profile cost.gpuHourPrice)."""
-    delay_s, workers = 40, 2
+    """When one worker of an admitted gang becomes Ready late because its image
+    pull takes as long as the platform promises a healthy pull may take
+    (profile kueue.longestHealthyPull), the gang MUST wait for it: its Workload
+    MUST never be evicted or requeued and it MUST keep one RayCluster (a
+    waitForPodsReady shorter than the platform's own pulls makes gangs thrash),
+    the worker group MUST start and every step run with the full world size,
+    never a partial one, and the job MUST succeed. The accelerator time the
+    early workers held idle while waiting is reported in GPU-hours and money
+    (profile cost.gpuHourPrice)."""
+    delay_s = evidence.record("promised_longest_healthy_pull_s", lab.profile.seconds("kueue.longestHealthyPull"))
+    workers = 2
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab, workers))
     name = lab.name("late")
@@ -300,8 +306,9 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {
-            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "rayjob": job, "rayjob_name": name,
-            "delay_s": delay_s, "wait_for": "finished", "within_s": timeouts.TRAINING_RUN.seconds},
+            "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
+            "rayjob": job, "rayjob_name": name,
+            "delay_s": delay_s, "wait_for": "finished_or_evicted", "within_s": timeouts.TRAINING_RUN.seconds},
             journal_path=tmp_path / "journal.json")
     evidence.record("experiment", runner.summary(journal))
     evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
@@ -317,7 +324,21 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     evidence.record("worker_ready", {p: v["ready"] for p, v in gpu_pods.items()})
     evidence.record("world_sizes", {"worker_group_started": [e["world_size"] for e in started],
                                     "steps": [e["world_size"] for e in steps]})
+    evictions = sorted({f"{c['reason']} at {c['at']}" for smp in sampler.samples
+                        for c in [smp["jobs"].get(name, {}).get("conditions", {}).get("Evicted")]
+                        if c and c["status"] == "True"})
+    requeues = max((int((smp["jobs"][name]["requeue"] or {}).get("count") or 0) for smp in sampler.samples
+                    if name in smp["jobs"]), default=0)
+    if outcome.get("evicted"):
+        evictions = sorted({*evictions, f"{outcome['evicted']['reason']} at {outcome['evicted']['lastTransitionTime']}"})
+    evidence.record("evictions", evictions)
+    evidence.record("requeues", requeues)
     assert not outcome.get("cause"), outcome["cause"]
+    assert not evictions and not requeues and len(clusters) <= 1, (
+        f"Kueue evicted the gang of RayJob {name} ({'; '.join(evictions) or 'requeued'}; RayClusters {clusters}) "
+        f"while one worker's image pull took {delay_s:g} s, within the platform's promised longest healthy pull: "
+        f"a waitForPodsReady ({lab.profile['kueue']['waitForPodsReady']}) shorter than the platform's own pulls "
+        "makes gangs thrash, paying for every start twice")
     assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
         f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
         f"expected SUCCEEDED")

@@ -32,7 +32,8 @@ REDIS_PORT = 6379
 SERVE_PORT = 8000
 LOAD_RATE = 10.0  # requests per second during the whole event
 REQUEST_TIMEOUT_S = 2.0
-TAIL_S = 15.0  # the availability window runs this long past the head's Ready again
+TAIL_S = 15.0  # the availability window runs this long past the cluster's recovery (head, apps, Ray nodes)
+RAY_NODES_URL = "http://{host}:{port}/api/v0/nodes?limit=1000&timeout=3"  # Ray's state API, answered from the GCS
 PRESSURE_FACTOR = 4  # the pressure job aims at this multiple of the head's memory limit
 
 # The whole event: the pressure job's submitter starts and its driver fills the
@@ -114,6 +115,131 @@ def pod_restarts(lab, ns: str) -> dict[str, Any]:
     return {p.metadata.name: {"uid": p.metadata.uid, "phase": p.status.phase,
                               "restarts": sum(c.restart_count for c in p.status.container_statuses or [])}
             for p in lab.pods(ns)}
+
+
+def worker_pods(lab, ns: str, cluster: str) -> dict[str, Any]:
+    """The worker pods of RayCluster ``cluster`` by name: uid, container
+    restarts and, for a restarted container, how its last instance ended."""
+    out = {}
+    for pod in lab.pods(ns, f"ray.io/cluster={cluster},ray.io/node-type=worker"):
+        ended = []
+        for c in pod.status.container_statuses or []:
+            last = c.last_state.terminated if c.last_state else None
+            if last:
+                ended.append(f"{c.name}: {last.reason} (exit {last.exit_code}) at {last.finished_at}")
+        out[pod.metadata.name] = {"uid": pod.metadata.uid, "phase": pod.status.phase,
+                                  "deleting": pod.metadata.deletion_timestamp is not None,
+                                  "restarts": sum(c.restart_count for c in pod.status.container_statuses or []),
+                                  "last_terminations": ended}
+    return out
+
+
+def worker_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What happened to the worker pods between ``before`` and ``after``: each
+    one restarted, replaced or gone, named with how its container last ended."""
+    changes = []
+    for name, was in sorted(before.items()):
+        now = after.get(name)
+        if now is None:
+            changes.append(f"worker pod {name} is gone (replaced by {sorted(set(after) - set(before)) or 'nothing'})")
+        elif now["uid"] != was["uid"]:
+            changes.append(f"worker pod {name} was replaced (uid {was['uid']} -> {now['uid']})")
+        elif now["restarts"] != was["restarts"] or now["deleting"]:
+            changes.append(f"worker pod {name} restarted ({was['restarts']} -> {now['restarts']} container restarts"
+                           f"{', being deleted' if now['deleting'] else ''}); its container last ended: "
+                           f"{'; '.join(now['last_terminations']) or 'unknown'}")
+    changes += [f"worker pod {name} is new (restarts {now['restarts']})"
+                for name, now in sorted(after.items()) if name not in before]
+    return changes
+
+
+def head_service(lab, ns: str, cluster: str) -> str:
+    """The name of RayCluster ``cluster``'s head Service (KubeRay's status, or its labels)."""
+    named = ((lab.ray(ns, "rayclusters", cluster).get("status") or {}).get("head") or {}).get("serviceName")
+    if named:
+        return named
+    return next(s.metadata.name for s in lab.core.list_namespaced_service(ns).items
+                if (s.metadata.labels or {}).get("ray.io/cluster") == cluster
+                and (s.metadata.labels or {}).get("ray.io/node-type") == "head")
+
+
+# Polls Ray's state API once a second and prints the Ray nodes the GCS lists as
+# alive: from a pod in the team's namespace, as any client there would, so it
+# needs nothing beyond creating a pod and reading its log (no API-server proxy).
+RAY_NODES_OBSERVER = (
+    "import json, sys, time, urllib.request\n"
+    "url, until = sys.argv[1], time.time() + float(sys.argv[2])\n"
+    "while time.time() < until:\n"
+    "    began = time.time()\n"
+    "    rec = {'event': 'ray_nodes', 'ts': round(began, 2)}\n"
+    "    try:\n"
+    "        nodes = json.load(urllib.request.urlopen(url, timeout=4))['data']['result']['result']\n"
+    "        alive = [n for n in nodes if n['state'] == 'ALIVE']\n"
+    "        rec.update(alive=len(alive), dead=len(nodes) - len(alive), alive_nodes=sorted(\n"
+    "            ('head:' if n.get('is_head_node') else 'worker:') + n['node_id'][:12] for n in alive))\n"
+    "    except Exception as exc:\n"
+    "        rec['error'] = (type(exc).__name__ + ': ' + str(exc))[:160]\n"
+    "    print('RAYPROOF_EVENT ' + json.dumps(rec), flush=True)\n"
+    "    time.sleep(max(0.0, 1 - (time.time() - began)))  # sleep-ok: the observer's own pacing, in the pod\n")
+
+
+def start_ray_nodes_observer(lab, ns: str, cluster: str, duration_s: float) -> str:
+    """A pod in ``ns`` that logs the alive Ray nodes of ``cluster`` (as its GCS
+    reports them through the dashboard's state API) once a second for ``duration_s``."""
+    url = RAY_NODES_URL.format(host=f"{head_service(lab, ns, cluster)}.{ns}.svc.cluster.local", port=mf.DASHBOARD_PORT)
+    name = lab.name("ray-nodes")
+    lab.core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(lab.labels)},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "observe", "image": lab.profile.ray_image,
+            "command": ["python", "-c", RAY_NODES_OBSERVER, url, str(int(duration_s))],
+            "env": [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}}]}})
+    return name
+
+
+def ray_nodes_series(lab, ns: str, pod: str) -> list[dict[str, Any]]:
+    """The observer's samples so far: ``alive`` (count), ``alive_nodes``, or ``error``."""
+    return [e for e in parse_events(lab.core.read_namespaced_pod_log(pod, ns)) if e["event"] == "ray_nodes"]
+
+
+def nodes_back(series: list[dict[str, Any]], before: dict[str, Any], after: float) -> dict[str, Any] | None:
+    """The first sample from ``after`` on in which the GCS lists as many alive
+    Ray nodes as ``before``, one of them a head that is not the head of
+    ``before``: the restarted head (a new Ray node) has registered, the dead
+    one is no longer counted alive, and the workers are all alive."""
+    old_heads = {n for n in before["alive_nodes"] if n.startswith("head:")}
+
+    def back(smp: dict[str, Any]) -> bool:
+        if smp["ts"] < after or "error" in smp:
+            return False
+        heads = [n for n in smp["alive_nodes"] if n.startswith("head:")]
+        return smp["alive"] == before["alive"] and len(heads) == 1 and heads[0] not in old_heads
+    return next((smp for smp in series if back(smp)), None)
+
+
+def series_summary(series: list[dict[str, Any]], since: float) -> list[dict[str, Any]]:
+    """``series`` as runs of one value (an alive count, or no answer), seconds from ``since``."""
+    runs: list[dict[str, Any]] = []
+    for smp in series:
+        value = f"alive={smp['alive']}" if "error" not in smp else "no answer"
+        at = round(smp["ts"] - since, 1)
+        if runs and runs[-1]["value"] == value:
+            runs[-1].update(to_s=at, samples=runs[-1]["samples"] + 1)
+        else:
+            runs.append({"value": value, "from_s": at, "to_s": at, "samples": 1,
+                         **({"first_error": smp["error"]} if "error" in smp else {"nodes": smp["alive_nodes"]})})
+    return runs
+
+
+def alive_at(series: list[dict[str, Any]], t: float) -> Any:
+    """The observer's last reading at or before ``t`` (an alive count, "no answer", or None)."""
+    last = None
+    for smp in series:
+        if smp["ts"] > t:
+            break
+        last = smp.get("alive", "no answer") if "error" not in smp else "no answer"
+    return last
 
 
 class Timeline:
@@ -273,11 +399,14 @@ def oom_figures(timeline: Timeline, before: dict[str, Any], submitted_at: float)
 def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
     """When the Ray head of a RayService is pushed past its memory limit (a
     head-pressure RayJob submitted to the running cluster), the head container
-    MUST end OOMKilled and be restarted, the RayService MUST keep answering with
-    availability at least the profile's serving target from the pressure job's
-    submission until the head is Ready again (plus a short tail), and its Serve
-    applications MUST be RUNNING again afterwards. With the profile's GCS fault
-    tolerance the cluster keeps its GCS state in a Redis in the namespace."""
+    MUST end OOMKilled and be restarted (its restart count rises), the
+    RayService MUST keep answering with availability at least the profile's
+    serving target from the pressure job's submission until the cluster is
+    back as Ray sees it -- the head Ready again, its Serve applications
+    RUNNING and the GCS listing as many alive Ray nodes as before the fault
+    (plus a short tail) -- and the worker pods MUST come through it neither
+    restarted nor replaced. With the profile's GCS fault tolerance the cluster
+    keeps its GCS state in a Redis in the namespace."""
     target = float(lab.profile["serving"]["availabilityTarget"])
     ft = gcs_ft_enabled(lab.profile)
     evidence.record("gcs_fault_tolerance", ft)
@@ -286,8 +415,9 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
                                    bool(lab.profile["serving"]["excludeHeadFromServeService"]))
     ns = lab.namespace("a")
     name = lab.name("gcs1")
+    workers = 1
     with evidence.phase("deploy the RayService"):
-        spec = cluster_spec(lab, ns, workers=1)
+        spec = cluster_spec(lab, ns, workers=workers)
         lab.create_ray(ns, "rayservices", {"apiVersion": "ray.io/v1", "kind": "RayService",
                                            "metadata": {"name": name},
                                            "spec": {"serveConfigV2": serve_config(1), "rayClusterConfig": spec,
@@ -301,30 +431,42 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
             wait_for(lambda: serve_endpoints(lab, ns, serve_svc), timeout=timeouts.SERVE_APP,
                      description=f"Service {ns}/{serve_svc} to have a ready endpoint")
             evidence.record("rayservice", {"name": name, "cluster": cluster, "gcs": spec.get("gcsFaultToleranceOptions")})
-        with evidence.phase("baseline load"):
+        with evidence.phase("baseline load and Ray nodes"):
             url = f"http://{serve_svc}.{ns}.svc.cluster.local:{SERVE_PORT}/"
-            load_pod = start_load(lab, ns, url, EVENT.seconds + timeouts.RAYCLUSTER_READY.seconds)
+            observe_s = EVENT.seconds + timeouts.RAYCLUSTER_READY.seconds
+            load_pod = start_load(lab, ns, url, observe_s)
+            nodes_pod = start_ray_nodes_observer(lab, ns, cluster, observe_s)
             baseline = wait_for(lambda: load_seconds(lab, ns, load_pod), lambda secs: sum(s["ok"] for s in secs) >= 20,
                                 timeout=timeouts.POD_START, interval=2,
                                 description=f"the load generator {load_pod} to see 20 answers from {url}")
             evidence.record("baseline", load_window(baseline, 0, float("inf")))
+            # The steady state: the GCS lists the head and every worker alive.
+            nodes_before = wait_for(lambda: ray_nodes_series(lab, ns, nodes_pod),
+                                    lambda series: bool(series) and series[-1].get("alive") == 1 + workers,
+                                    timeout=timeouts.RAY_NODE, interval=2,
+                                    description=f"the GCS of {ns}/{cluster} to list {1 + workers} alive Ray nodes "
+                                                f"(observer pod {nodes_pod})")[-1]
         before = head_sample(lab, ns, cluster)
+        workers_before = worker_pods(lab, ns, cluster)
         evidence.record("head_before", before)
+        evidence.record("worker_pods_before", workers_before)
+        evidence.record("ray_nodes_before", nodes_before)
         target_bytes = PRESSURE_FACTOR * head_memory_bytes(lab.profile)
         pressure = lab.name("head-pressure")
         with Timeline(lambda: {**head_sample(lab, ns, cluster), **service_sample(lab, ns, name)},
                       f"sampling RayService {ns}/{name} through the head OOM") as timeline:
             with evidence.phase("inject and observe"):
                 journal = runner.run("head-oom", {
-                    "kubeconfig": str(lab.kubeconfig), "namespace": ns, "cluster": cluster,
+                    "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns, "cluster": cluster,
                     "target_bytes": target_bytes, "pressure_job": pressure, "labels": lab.labels,
-                    "within_s": timeouts.RAYCLUSTER_READY.seconds}, journal_path=tmp_path / "journal.json")
+                    "within_s": timeouts.RAYCLUSTER_READY.seconds, "head_restarts_before": before["restarts"]},
+                    journal_path=tmp_path / "journal.json")
                 evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
                 evidence.record("experiment", runner.summary(journal))
                 injected = runner.output(journal, "submit-head-pressure")
                 killed = runner.output(journal, "head-oom-killed")
                 submitted_at = injected["submitted_at"]
-            with evidence.phase("recovery"):
+            with evidence.phase("recovery: head Ready, apps RUNNING"):
                 head_after = wait_for(lambda: head_sample(lab, ns, cluster),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
                                       timeout=timeouts.HEAD_RECOVERY, interval=1,
@@ -332,17 +474,39 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
                 ready_at = oom_figures(timeline, before, submitted_at)["ready_at"] or time.time()
                 running = wait_for(lambda: service_sample(lab, ns, name), apps_running, timeout=timeouts.SERVE_APP,
                                    interval=1, description=f"RayService {ns}/{name} apps RUNNING after the head OOM")
-                window_end = ready_at + TAIL_S
+                apps_at = (timeline.first(apps_running, after=ready_at) or {}).get("t") or time.time()
+            with evidence.phase("recovery: Ray nodes back"):
+                nodes_description = (f"the GCS of {ns}/{cluster} to list {nodes_before['alive']} alive Ray nodes "
+                                     f"again, the restarted head (a new Ray node) among them")
+                try:
+                    series = wait_for(lambda: ray_nodes_series(lab, ns, nodes_pod),
+                                      lambda series: nodes_back(series, nodes_before, submitted_at) is not None,
+                                      timeout=timeouts.RAY_NODE, interval=2, description=nodes_description)
+                    back = nodes_back(series, nodes_before, submitted_at)
+                except WaitTimeout as exc:  # judged below; the window ends where the wait gave up
+                    series, back = exc.last_value or [], None
+                recovered = {"head Ready": ready_at, "Serve applications RUNNING": apps_at,
+                             f"{nodes_before['alive']} alive Ray nodes": back["ts"] if back else time.time()}
+                last_step = max(recovered, key=recovered.get)
+                window_end = recovered[last_step] + TAIL_S
+                window_reason = (f"{TAIL_S:g} s after the last recovery step ({last_step}, "
+                                 f"{recovered[last_step] - submitted_at:.1f} s after the pressure job's submission)"
+                                 if back else f"{TAIL_S:g} s after the wait for {nodes_description} gave up "
+                                 f"(timeout {timeouts.RAY_NODE.name}={timeouts.RAY_NODE.seconds:g} s)")
+            with evidence.phase("availability tail"):
                 wait_for(lambda: time.time(), lambda now: now >= window_end + REQUEST_TIMEOUT_S + 2,
                          timeout=timeouts.CONTAINER_TRANSITION, interval=1, description="the availability tail to pass")
                 seconds = wait_for(lambda: load_seconds(lab, ns, load_pod),
                                    lambda secs: bool(secs) and secs[-1]["window_start"] >= window_end,
                                    timeout=timeouts.CONTAINER_TRANSITION, interval=2,
                                    description="the load generator's log to cover the event window")
+                workers_after = worker_pods(lab, ns, cluster)
+                series = ray_nodes_series(lab, ns, nodes_pod)
         figures = oom_figures(timeline, before, submitted_at)
-        apps_back = timeline.first(apps_running, after=figures["ready_at"] or submitted_at)
-        figures["apps_running_at"] = (apps_back or {}).get("t") or time.time()
-        figures["inject_to_apps_running_s"] = round(figures["apps_running_at"] - submitted_at, 1)
+        figures["apps_running_at"] = apps_at
+        figures["inject_to_apps_running_s"] = round(apps_at - submitted_at, 1)
+        figures["nodes_back_at"] = back["ts"] if back else None
+        figures["inject_to_nodes_back_s"] = round(back["ts"] - submitted_at, 1) if back else None
         evidence.record("head_after", head_after)
         evidence.record("oom_probe", killed)
         evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
@@ -352,26 +516,52 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
         evidence.record("app_states_seen", seen_apps)
         evidence.record("ray_clusters_seen", clusters_seen)
         evidence.record("apps_after", running["apps"])
+        during = [smp for smp in series if smp["ts"] >= submitted_at]
+        ray_workers = [sorted(n for n in smp["alive_nodes"] if n.startswith("worker:")) for smp in (nodes_before, back)
+                       if smp]
+        evidence.record("ray_nodes", {
+            "before": nodes_before["alive"], "expected": 1 + workers, "back": back,
+            "min_alive_during_event": min((smp["alive"] for smp in during if "error" not in smp), default=None),
+            "seconds_without_answer": sum("error" in smp for smp in during),
+            # The same worker Ray nodes (ids) before and after: the workers' raylets survived the head restart.
+            "same_worker_ray_nodes": ray_workers[0] == ray_workers[1] if back else None,
+            "series_since_submission": series_summary(during, submitted_at)})
+        evidence.record("availability_window_end", {"at": window_end, "reason": window_reason,
+                                                    "recovery_steps_s": {k: round(v - submitted_at, 1)
+                                                                         for k, v in recovered.items()}})
         window = load_window(seconds, submitted_at, window_end)
         evidence.record("availability_window", {"start": submitted_at, "end": window_end, **window})
         oom_at = figures["oom_at"] or submitted_at
+        recovered_at = window_end - TAIL_S
         evidence.record("availability_by_phase", {
             "inject_to_oom": load_window(seconds, submitted_at, oom_at),
-            "oom_to_head_ready": load_window(seconds, oom_at, figures["ready_at"] or window_end),
-            "head_ready_to_window_end": load_window(seconds, figures["ready_at"] or window_end, window_end)})
-        evidence.record("head_restarts_after_oom", {"restarts": head_after["restarts"] - before["restarts"],
+            "oom_to_head_ready": load_window(seconds, oom_at, figures["ready_at"] or recovered_at),
+            "head_ready_to_recovered": load_window(seconds, figures["ready_at"] or recovered_at, recovered_at),
+            "tail": load_window(seconds, recovered_at, window_end)})
+        evidence.record("head_restarts_after_oom", {"before": before["restarts"], "after": head_after["restarts"],
+                                                    "restarts": head_after["restarts"] - before["restarts"],
                                                     "terminations_seen": sorted({
                                                         f"{s['restarts']}:{s['last_reason']}({s['last_exit_code']})"
                                                         for s in timeline.samples if s.get("last_reason")})})
-        evidence.record("load_until_apps_running", load_window(seconds, submitted_at, figures["apps_running_at"]))
+        evidence.record("worker_pods_after", workers_after)
+        evidence.record("load_until_apps_running", load_window(seconds, submitted_at, apps_at))
+        for smp in timeline.samples:
+            smp["ray_nodes_alive"] = alive_at(series, smp["t"])
         timeline_file = tmp_path / "timeline.yaml"
         timeline_file.write_text(yaml.safe_dump(timeline.samples, sort_keys=False))
         evidence.attach_file("head and RayService timeline", timeline_file)
+        nodes_file = tmp_path / "ray_nodes.yaml"
+        nodes_file.write_text(yaml.safe_dump(series, sort_keys=False))
+        evidence.attach_file("alive Ray nodes as the GCS listed them", nodes_file)
 
     assert killed["reached"], (
-        f"the head of {ns}/{cluster} was not OOMKilled within {killed['elapsed_s']} s of the pressure job "
-        f"({target_bytes} bytes against a {lab.profile['head']['memory']} limit); head: {killed['head']}")
+        f"the head of {ns}/{cluster} did not restart after ending OOMKilled within {killed['elapsed_s']} s of the "
+        f"pressure job ({target_bytes} bytes against a {lab.profile['head']['memory']} limit; restarts before "
+        f"{before['restarts']}); head: {killed['head']}")
     oomed = killed["head"]
+    assert (oomed["restarts"] or 0) > before["restarts"] and head_after["restarts"] > before["restarts"], (
+        f"the head container's restart count did not rise after the pressure job (before {before['restarts']}, "
+        f"at the OOM probe {oomed['restarts']}, after recovery {head_after['restarts']})")
     assert oomed["last_reason"] == "OOMKilled" and oomed["last_exit_code"] == 137, (
         f"the head's termination after the pressure job was expected OOMKilled (137), was {oomed['last_reason']} "
         f"({oomed['last_exit_code']})")
@@ -383,8 +573,16 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
         f"(expected about {LOAD_RATE:g}/s): the measurement does not cover the event")
     assert window["availability"] >= target, (
         f"the RayService answered {window['ok']} of {window['sent']} requests ({window['availability']:.2%}) from the "
-        f"pressure job's submission until {TAIL_S:g} s after the head was Ready again, below the target "
-        f"{target:.2%} (GCS fault tolerance {'on' if ft else 'off'}); failing seconds {window['failing_seconds']}")
+        f"pressure job's submission until {window_reason}, below the target {target:.2%} (GCS fault tolerance "
+        f"{'on' if ft else 'off'}); failing seconds {window['failing_seconds']}")
+    assert back, (
+        f"the GCS of {ns}/{cluster} did not list {nodes_before['alive']} alive Ray nodes (the restarted head among "
+        f"them) within {timeouts.RAY_NODE.seconds:g} s of the Serve applications RUNNING again: the cluster is not "
+        f"back as Ray sees it; since the OOM it listed {series_summary(during, submitted_at)[-6:]}")
+    changed = worker_changes(workers_before, workers_after)
+    assert not changed, (
+        f"the head's OOM restart reached the workers of {ns}/{cluster}, which GCS fault tolerance promises survive "
+        f"a head restart (GCS fault tolerance {'on' if ft else 'off'}): " + "; ".join(changed))
 
 
 TICK_GAP_S = 15.0  # the most another team's job may go without progress during the event
@@ -481,9 +679,10 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                       "sampling team A's head and jobs of both teams through the head OOM") as timeline:
             with evidence.phase("inject and observe"):
                 journal = runner.run("head-oom", {
-                    "kubeconfig": str(lab.kubeconfig), "namespace": ns_a, "cluster": cluster_a,
+                    "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns_a, "cluster": cluster_a,
                     "target_bytes": target_bytes, "pressure_job": lab.name("head-pressure"), "labels": lab.labels,
-                    "within_s": timeouts.RAYCLUSTER_READY.seconds}, journal_path=tmp_path / "journal.json")
+                    "within_s": timeouts.RAYCLUSTER_READY.seconds, "head_restarts_before": before["restarts"]},
+                    journal_path=tmp_path / "journal.json")
                 evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
                 evidence.record("experiment", runner.summary(journal))
                 submitted_at = runner.output(journal, "submit-head-pressure")["submitted_at"]

@@ -1,15 +1,29 @@
 """NetworkPolicy: is it enforced (NET-3), does a tightening that blocks
-collectives fail training fast (NET-1), does the documented policy let it run (NET-2)."""
+collectives fail training fast, applied before it starts (NET-1) or while it
+steps (NET-4), does the documented policy let it run (NET-2)."""
 from __future__ import annotations
 
 import pytest
 
 from chaos import block_collectives, runner
-from conformance.training_jobs import driver_events, gang_gpus, require_fail_fast_timeout, training_rayjob
+from conformance.training_jobs import (
+    DriverLog,
+    collective_timeout_used,
+    driver_events,
+    gang_gpus,
+    promised_fail_fast_bound,
+    require_timeout_within,
+    training_rayjob,
+)
 from fixtures import timeouts
 from fixtures.plugin import NOT_APPLICABLE
+from fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.slow
+
+LOCKDOWN_STEPS = 24  # NET-4's training: long enough to still be stepping well after the lockdown
+LOCKDOWN_AFTER_STEP = 4
+STEP_TIME_S = 1.0
 
 
 def require_enforcement(enforcement: dict, evidence) -> None:
@@ -36,48 +50,59 @@ def test_network_policy_is_enforced(network_policy_enforcement: dict, evidence) 
 def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enforcement, evidence, tmp_path) -> None:
     """A NetworkPolicy that blocks worker-to-worker traffic, applied before a
     training RayJob starts, MUST make the job fail within the platform's
-    collective timeout (itself at most the profile's maxCollectiveTimeout) plus
-    60 s slack, counted from when its process group begins to form, with a
-    failure reason that names the timeout, and the RayJob MUST reach the Failed
-    state instead of hanging."""
+    promised fail-fast bound (profile training.maxCollectiveTimeout) plus 60 s
+    slack, counted from when its process group begins to form, with a failure
+    reason that names the timeout; the RayJob MUST reach the Failed state
+    instead of hanging, and the collective timeout the training ran with (the
+    platform's, never the suite's) MUST be within the bound."""
     require_enforcement(network_policy_enforcement, evidence)
-    timeout_s = require_fail_fast_timeout(lab.profile, evidence, "a blocked collective would hold the gang's GPUs")
+    bound_s = promised_fail_fast_bound(lab.profile, evidence)
+    slack = timeouts.FAIL_FAST_SLACK.seconds
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     name = lab.name("net1")
     job = training_rayjob(lab, name, steps=8)
     job["metadata"]["namespace"] = ns
-    slack = timeouts.FAIL_FAST_SLACK.seconds
     with evidence.phase("inject and observe"):
         journal = runner.run("block-collectives", {
-            "kubeconfig": str(lab.kubeconfig), "namespace": ns, "rayjob": job, "rayjob_name": name,
-            "labels": lab.labels, "within_s": timeouts.RAYCLUSTER_READY.seconds + timeout_s + slack},
+            "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
+            "rayjob": job, "rayjob_name": name, "labels": lab.labels,
+            "start_within_s": timeouts.RAYCLUSTER_READY.seconds, "within_s": bound_s + slack},
             journal_path=tmp_path / "journal.json")
     evidence.record("experiment", runner.summary(journal))
     evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
-    outcome = runner.output(journal, "training-finished")
+    started, outcome = runner.output(journal, "training-started"), runner.output(journal, "training-finished")
     evidence.record("rayjob", outcome)
-    failures = driver_events(lab, ns, name, "failure")
-    steps = driver_events(lab, ns, name, "step")
+    events = driver_events(lab, ns, name)
+    used = collective_timeout_used(events, evidence)
+    failures = [e for e in events if e["event"] == "failure"]
+    steps = [e for e in events if e["event"] == "step"]
     evidence.record("driver_failure", failures[-1] if failures else None)
     evidence.record("steps_run", len(steps))
+    assert started["reached"], (
+        f"the driver of RayJob {name} did not start within {started['elapsed_s']} s of submission "
+        f"(status {started['status']}{'; ' + started['cause'] if started['cause'] else ''})")
     assert outcome["reached"], (
-        f"RayJob {name} was still not finished {outcome['elapsed_s']} s after submission with worker-to-worker "
-        f"traffic blocked (status {outcome['status']}): the job hangs instead of failing fast")
+        f"RayJob {name} was still not finished {outcome['elapsed_s']} s after its driver started, past the promised "
+        f"fail-fast bound {bound_s:g} s + {slack:g} s slack, with worker-to-worker traffic blocked (status "
+        f"{outcome['status']}): the job hangs instead of failing fast; its process group was given a collective "
+        f"timeout of {(used or {}).get('timeout_s')} s (from {(used or {}).get('source')})")
     assert outcome["status"]["jobStatus"] == "FAILED", (
         f"RayJob {name} ended {outcome['status']} although its workers could not reach each other")
     assert failures, f"the driver of {name} reported no failure event; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
     failure = failures[-1]
-    setups = driver_events(lab, ns, name, "process_group_setup")
+    setups = [e for e in events if e["event"] == "process_group_setup"]
     assert setups, f"the driver never reported the process-group setup; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
     failed_after = evidence.record("failed_after_process_group_setup_s", round(failure["ts"] - setups[0]["ts"], 1))
     evidence.record("failed_after_fit_start_s", failure["seconds"])
-    assert failed_after <= timeout_s + slack, (
-        f"training failed {failed_after} s after its process group began to form, beyond the collective timeout "
-        f"{timeout_s:g} s + {slack:g} s slack")
+    assert failed_after <= bound_s + slack, (
+        f"training failed {failed_after} s after its process group began to form, beyond the promised bound "
+        f"{bound_s:g} s + {slack:g} s slack (collective timeout {used['timeout_s']} s from {used['source']})")
     assert "timed out" in failure["reason"].lower() or "timeout" in failure["reason"].lower(), (
         f"the failure reason does not name the timeout: {failure['reason']}")
     assert not steps, f"{len(steps)} training steps ran although the collectives were blocked"
+    require_timeout_within(used, bound_s, "a collective blocked after the process group formed would hold the "
+                                          "gang's GPUs")
 
 
 @pytest.mark.clause("NET-2")
@@ -92,7 +117,7 @@ def test_documented_allow_policy_lets_training_run(lab, network_policy_enforceme
     lab.queues([ns], gpus=gang_gpus(lab))
     ingress = lab.profile["network"]["workerIngress"]
     source = "the design's" if ingress is None else "the profile's network.workerIngress"
-    policy = block_collectives.allow(str(lab.kubeconfig), ns, lab.labels, ingress)
+    policy = block_collectives.allow(str(lab.kubeconfig), ns, lab.labels, ingress, context=lab.context)
     evidence.record("worker_policy", {"source": source, "spec": policy["spec"]})
     name = lab.name("net2")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=8))
@@ -106,3 +131,60 @@ def test_documented_allow_policy_lets_training_run(lab, network_policy_enforceme
         f"{status.get('message')}; "
         f"driver output:\n{lab.submitter_logs(ns, name)[-3000:]}")
     assert finish and finish[-1]["step"] == 8, f"the driver did not finish all 8 steps: {finish}"
+
+
+@pytest.mark.clause("NET-4")
+def test_lockdown_during_training_never_leaves_it_hanging(lab, network_policy_enforcement, evidence,
+                                                          tmp_path) -> None:
+    """A NetworkPolicy that blocks worker-to-worker traffic, applied while a
+    training RayJob is stepping (the design's "someone locked down the
+    namespace"), MUST never leave the training hanging: within the platform's
+    promised fail-fast bound (profile training.maxCollectiveTimeout) plus 60 s
+    slack of the policy taking effect, the RayJob MUST have reached a terminal
+    state, either Failed with a reason that names the timeout (the platform
+    cuts connections already open) or Succeeded with every step done (it keeps
+    them, as Calico and Antrea do)."""
+    require_enforcement(network_policy_enforcement, evidence)
+    bound_s = promised_fail_fast_bound(lab.profile, evidence)
+    slack = timeouts.FAIL_FAST_SLACK.seconds
+    ns = lab.namespace("a")
+    lab.queues([ns], gpus=gang_gpus(lab))
+    name = lab.name("net4")
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=LOCKDOWN_STEPS, step_time_s=STEP_TIME_S))
+    log = DriverLog(lab, ns, name)
+    with evidence.phase("steady state"):
+        wait_for(log.refresh, lambda ev: any(e["event"] == "failure" for e in ev)
+                 or any(e["event"] == "step" and e["step"] >= LOCKDOWN_AFTER_STEP for e in ev),
+                 timeout=timeouts.TRAINING_RUN, interval=1,
+                 description=f"RayJob {ns}/{name}: training at step {LOCKDOWN_AFTER_STEP}")
+    assert not log.events("failure"), f"training failed before the lockdown: {log.events('failure')[-1]}"
+    with evidence.phase("inject and observe"):
+        journal = runner.run("lockdown-collectives", {
+            "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns, "labels": lab.labels,
+            "rayjob_name": name, "within_s": bound_s + slack}, journal_path=tmp_path / "journal.json")
+    evidence.record("experiment", runner.summary(journal))
+    evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
+    locked_at = runner.ended_at(journal, "apply-blocking-policy")
+    outcome = evidence.record("rayjob", runner.output(journal, "training-finished"))
+    log.refresh()
+    used = collective_timeout_used(log.events(), evidence)
+    steps = log.events("step")
+    failures = log.events("failure")
+    evidence.record("last_step_before_lockdown", max((e["step"] for e in steps if e["ts"] <= locked_at), default=None))
+    evidence.record("steps_after_lockdown", len([e for e in steps if e["ts"] > locked_at]))
+    evidence.record("driver_failure", failures[-1] if failures else None)
+    assert outcome["reached"], (
+        f"RayJob {name} was still not finished {outcome['elapsed_s']} s after worker-to-worker traffic was "
+        f"blocked mid-training, past the promised fail-fast bound {bound_s:g} s + {slack:g} s slack (status "
+        f"{outcome['status']}): the job hangs instead of failing fast; its process group was given a collective "
+        f"timeout of {(used or {}).get('timeout_s')} s (from {(used or {}).get('source')})")
+    if outcome["status"]["jobStatus"] == "SUCCEEDED":
+        evidence.record("open_connections", "kept: training went on stepping under the new policy")
+        assert max(e["step"] for e in steps) == LOCKDOWN_STEPS, (
+            f"RayJob {name} succeeded at step {max(e['step'] for e in steps)} of {LOCKDOWN_STEPS}")
+        return
+    evidence.record("open_connections", "cut: training failed under the new policy")
+    assert failures, f"the driver of {name} reported no failure event; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
+    evidence.record("failed_after_lockdown_s", round(failures[-1]["ts"] - locked_at, 1))
+    assert "timed out" in failures[-1]["reason"].lower() or "timeout" in failures[-1]["reason"].lower(), (
+        f"training failed after the lockdown, but the reason does not name the timeout: {failures[-1]['reason']}")

@@ -3,8 +3,8 @@
 A suite that cannot fail proves nothing. Each case runs the real clause (a
 pytest subprocess, exactly as `rayproof certify` runs it) against an embedded
 platform started with the matching misconfiguration of its own (Kueue's
-waitForPodsReady off, a CNI that does not enforce NetworkPolicy, Kueue not
-managing RayJobs), and requires the clause's outcome to be ``failed`` with a
+waitForPodsReady off or shorter than a healthy image pull, a CNI that does not
+enforce NetworkPolicy, Kueue not managing RayJobs), and requires the clause's outcome to be ``failed`` with a
 message that names the cause. Clauses whose limits come from the profile are
 checked the same way in ``test_profile_described_clauses_fail.py``.
 """
@@ -35,6 +35,24 @@ def unmanaged_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     admission); taken down at teardown."""
     yield from misconfigured_platform(tmp_path_factory, "selftest-unmanaged",
                                       {"kueue": {"integrations": ["batch/job", "ray.io/raycluster"]}})
+
+
+@pytest.fixture(scope="module")
+def impatient_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Module scope; Kueue's waitForPodsReady at 20 s, shorter than the 30 s
+    image pulls the platform promises are healthy; taken down at teardown."""
+    yield from misconfigured_platform(tmp_path_factory, "selftest-impatient",
+                                      {"kueue": {"waitForPodsReady": {"timeout": "20s"}}})
+
+
+def test_adm3_fails_when_wait_for_pods_ready_is_shorter_than_a_healthy_pull(impatient_platform, tmp_path) -> None:
+    name, platform_profile = impatient_platform
+    # The profile describes the platform as it is (a 20 s waitForPodsReady) and
+    # keeps the default promise that a 30 s pull is healthy.
+    row = run_clause(tmp_path, "conformance/admission/test_admission.py::test_late_worker_delays_training_without_splitting_it",
+                     profile={"kueue": {"waitForPodsReady": {"timeout": "20s", "backoffBase": "10s"}}},
+                     platform=name, platform_profile=platform_profile)
+    expect_failure(row, "makes gangs thrash")
 
 
 def test_net3_fails_and_net1_is_not_applicable_without_policy_enforcement(broken_platform, tmp_path) -> None:

@@ -28,10 +28,17 @@ def default_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     yield from misconfigured_platform(tmp_path_factory, "selftest-default", {})
 
 
+# The platform's golden training environment sets Ray Train's own default
+# collective timeout (30 minutes) instead of a tuned one; the clauses measure
+# it from the training's process-group setup.
+GOLDEN_TIMEOUT_LEFT_AT_30_MINUTES = {"ray": {"env": {"COLLECTIVE_TIMEOUT_S": "1800"}}}
+
 # (clause, the profile that describes the platform as broken, what the failure must name)
 CASES = [
+    # The platform's golden environment leaves Ray Train's 30-minute collective
+    # timeout: the blocked training is still hanging at the promised bound.
     pytest.param("conformance/network/test_network.py::test_policy_blocking_collectives_fails_training_fast",
-                 {"training": {"collectiveTimeout": "1800s"}}, ("above the fail-fast bound",),
+                 GOLDEN_TIMEOUT_LEFT_AT_30_MINUTES, ("the job hangs instead of failing fast", "timeout of 1800 s"),
                  id="net1-collective-timeout-left-at-30-minutes"),
     # The platform documents a worker policy that admits traffic from the head
     # only: the workers' collectives are dropped, as under NET-1's tightening.
@@ -39,8 +46,13 @@ CASES = [
                  {"network": {"workerIngress": [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]}},
                  ("documented worker policy (the profile's network.workerIngress) ended FAILED",),
                  id="net2-documented-policy-admits-the-head-only"),
+    # The same, locked down mid-training on a platform whose policies cut open
+    # connections: the blocked all-reduce waits out the 30 minutes.
+    pytest.param("conformance/network/test_network.py::test_lockdown_during_training_never_leaves_it_hanging",
+                 GOLDEN_TIMEOUT_LEFT_AT_30_MINUTES, ("the job hangs instead of failing fast",),
+                 id="net4-collective-timeout-left-at-30-minutes"),
     pytest.param("conformance/training/test_recovery.py::test_worker_preempted_mid_allreduce_resumes_from_checkpoint",
-                 {"training": {"collectiveTimeout": "1800s"}}, ("above the fail-fast bound",),
+                 GOLDEN_TIMEOUT_LEFT_AT_30_MINUTES, ("ran with a collective timeout of 1800 s",),
                  id="trn1-collective-timeout-left-at-30-minutes"),
     # Checkpoints on each node's own disk: a new cluster after the head's
     # death cannot see them (or Ray Train refuses the storage outright).
