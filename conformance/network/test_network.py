@@ -34,6 +34,17 @@ def require_enforcement(enforcement: dict, evidence) -> None:
                     f"blocked_with_policy={enforcement['blocked_with_policy']})")
 
 
+def blocked_training_setup(lab, enforcement: dict, evidence, stem: str) -> tuple[float, float, str, str]:
+    """What NET-1 and NET-4 start from: enforcement (else not applicable), the
+    promised fail-fast bound and its slack, a team namespace with its queue,
+    and the training job's name."""
+    require_enforcement(enforcement, evidence)
+    bound_s = promised_fail_fast_bound(lab.profile, evidence)
+    ns = lab.namespace("a")
+    lab.queues([ns], gpus=gang_gpus(lab))
+    return bound_s, timeouts.FAIL_FAST_SLACK.seconds, ns, lab.name(stem)
+
+
 @pytest.mark.clause("NET-3")
 def test_network_policy_is_enforced(network_policy_enforcement: dict, evidence) -> None:
     """The platform MUST enforce NetworkPolicy: a pod-to-pod TCP connection that
@@ -55,12 +66,7 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
     reason that names the timeout; the RayJob MUST reach the Failed state
     instead of hanging, and the collective timeout the training ran with (the
     platform's, never the suite's) MUST be within the bound."""
-    require_enforcement(network_policy_enforcement, evidence)
-    bound_s = promised_fail_fast_bound(lab.profile, evidence)
-    slack = timeouts.FAIL_FAST_SLACK.seconds
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab))
-    name = lab.name("net1")
+    bound_s, slack, ns, name = blocked_training_setup(lab, network_policy_enforcement, evidence, "net1")
     job = training_rayjob(lab, name, steps=8)
     job["metadata"]["namespace"] = ns
     with evidence.phase("inject and observe"):
@@ -144,12 +150,7 @@ def test_lockdown_during_training_never_leaves_it_hanging(lab, network_policy_en
     state, either Failed with a reason that names the timeout (the platform
     cuts connections already open) or Succeeded with every step done (it keeps
     them, as Calico and Antrea do)."""
-    require_enforcement(network_policy_enforcement, evidence)
-    bound_s = promised_fail_fast_bound(lab.profile, evidence)
-    slack = timeouts.FAIL_FAST_SLACK.seconds
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab))
-    name = lab.name("net4")
+    bound_s, slack, ns, name = blocked_training_setup(lab, network_policy_enforcement, evidence, "net4")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=LOCKDOWN_STEPS, step_time_s=STEP_TIME_S))
     log = DriverLog(lab, ns, name)
     with evidence.phase("steady state"):

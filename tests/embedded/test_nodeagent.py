@@ -432,8 +432,10 @@ def test_liveness_failure_restarts_the_container(env: Env, ns: str) -> None:
     env.core.create_namespaced_pod(ns, _pod(env, "live", [{
         "name": "web", "image": "python:3.11", "command": ["python3", "-m", "http.server", "8080"],
         "ports": [{"name": "http", "containerPort": 8080}],
+        # Ten failures before a restart: a loaded machine can take seconds to
+        # start python's server, and probes before then are refused, not 404.
         "livenessProbe": {"httpGet": {"path": "/missing", "port": "http"}, "periodSeconds": 1,
-                          "failureThreshold": 2},
+                          "failureThreshold": 10},
     }]))
     _wait_pod(env, ns, "live", lambda p: _container(p, "web").get("restartCount", 0) >= 1,
                   "restarted by its liveness probe", timeouts.CONTAINER_TRANSITION)
