@@ -117,7 +117,7 @@ SCHEMA: dict[str, Any] = {
         "resourceFlavor": _name,
         "priorityClasses": {"low": _name, "high": _name},
         "preemption": one_of(PREEMPTION_POLICIES),
-        "waitForPodsReady": _wait_for_pods_ready,
+        "waitForPodsReady": _wait_for_pods_ready,  # platform-owned-ok: the platform's stated value, read, never set
         "longestHealthyPull": duration(positive=True),
     },
     "training": {
@@ -129,6 +129,7 @@ SCHEMA: dict[str, Any] = {
     "serving": {"availabilityTarget": _fraction, "excludeHeadFromServeService": boolean},
     "network": {"workerIngress": _ingress_rules},
     "tenancy": {"rayClusters": one_of(RAY_CLUSTERS), "namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
+    # platform-owned-ok: the platform's stated TTL and its teardown promise, validated here
     "operations": {"ttlSecondsAfterFinished": int_range(0, 86400), "teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
 }
@@ -167,7 +168,7 @@ class CertificationProfile:
 
     @property
     def wait_for_pods_ready_s(self) -> float | None:
-        return self.seconds("kueue.waitForPodsReady.timeout")
+        return self.seconds("kueue.waitForPodsReady.timeout")  # platform-owned-ok: read, never set
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()[:16]
@@ -183,7 +184,7 @@ SANE_PROMISES: tuple[tuple[str, float, float, str], ...] = (
     ("serving.availabilityTarget", 0.99, 1.0, "availability during a head failure: the design asks at least 99%"),
     ("training.maxCollectiveTimeout", 1.0, 300.0,
      "fail-fast bound of a blocked collective: the design tunes it to 2-3 minutes, not the 10-30 minute defaults"),
-    ("kueue.waitForPodsReady.timeout", 1.0, 300.0,
+    ("kueue.waitForPodsReady.timeout", 1.0, 300.0,  # platform-owned-ok: a promise checked against its sane range
      "eviction bound of a gang that never gets ready: the design asks 2-5 minutes"),
     ("operations.teardownWithin", 0.0, 300.0,
      "teardown of a finished job's cluster: the design asks immediate teardown"),

@@ -96,7 +96,9 @@ def gang_of(rayjob: dict[str, Any]) -> dict[str, Any]:
 
 
 def cluster_queue_usage(lab: Any, name: str) -> dict[str, Any]:
-    status = lab.custom.get_cluster_custom_object(mf.KUEUE, mf.KUEUE_VERSION, "clusterqueues", name).get("status") or {}
+    queue = lab.custom.get_cluster_custom_object(  # platform-owned-ok: read only
+        mf.KUEUE, mf.KUEUE_VERSION, "clusterqueues", name)
+    status = queue.get("status") or {}
     gpus = sum(quantity(r.get("total")) for f in status.get("flavorsReservation") or [] for r in f.get("resources") or []
                if r.get("name") == GPU)
     return {"reserving": status.get("reservingWorkloads", 0), "admitted": status.get("admittedWorkloads", 0),
