@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from rayproof.schema import (
     ProfileError,
-    boolean,
     duration,
-    env_map,
     int_range,
     load_layered,
     one_of,
@@ -30,7 +30,6 @@ from rayproof.schema import (
 )
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
-SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 NAMESPACE_ISOLATION = ("documented", "platform")
 RAY_CLUSTERS = ("perTeam", "shared")
 PREEMPTION_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
@@ -109,10 +108,22 @@ def _ingress_rules(v: Any) -> list[dict[str, Any]] | None:
     return copy.deepcopy(v)
 
 
+def _path(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("a path to a YAML file (relative paths are taken from the profile's directory)")
+    return v
+
+
+# The platform's golden templates: profile field, kind, and where the RayCluster spec sits in it.
+TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rayJob": ("RayJob", ("spec", "rayClusterSpec")),
+    "rayCluster": ("RayCluster", ("spec",)),
+    "rayService": ("RayService", ("spec", "rayClusterConfig")),
+}
+TEMPLATE_FIELDS = tuple(f"templates.{key}" for key in TEMPLATES)
+
 SCHEMA: dict[str, Any] = {
-    "ray": {"image": _image, "version": _text, "headServiceType": one_of(SERVICE_TYPES), "env": env_map},
-    "head": {"cpu": quantity, "memory": quantity},
-    "workers": {"cpu": quantity, "memory": quantity, "gpus": int_range(0, 64)},
+    "templates": {key: _path for key in TEMPLATES},
     "kueue": {
         "resourceFlavor": _name,
         "priorityClasses": {"low": _name, "high": _name},
@@ -125,14 +136,52 @@ SCHEMA: dict[str, Any] = {
         "checkpointEvery": int_range(1, 1000),
         "checkpoints": {"storageClassName": optional(_name), "size": quantity, "mountPath": _mount},
     },
-    "gcsFaultTolerance": {"enabled": boolean, "redisImage": _image},
-    "serving": {"availabilityTarget": _fraction, "excludeHeadFromServeService": boolean},
+    "gcsFaultTolerance": {"redisImage": _image},
+    "serving": {"availabilityTarget": _fraction},
     "network": {"workerIngress": _ingress_rules},
     "tenancy": {"rayClusters": one_of(RAY_CLUSTERS), "namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
-    # platform-owned-ok: the platform's stated TTL and its teardown promise, validated here
-    "operations": {"ttlSecondsAfterFinished": int_range(0, 86400), "teardownWithin": duration(positive=True)},
+    "operations": {"teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
 }
+
+
+def _template_problem(obj: Any, kind: str, cluster_at: tuple[str, ...]) -> str | None:
+    """What makes ``obj`` unusable as the golden ``kind`` template, or None."""
+    if not isinstance(obj, dict):
+        return f"must be one ray.io/v1 {kind} object; got {type(obj).__name__}"
+    if obj.get("kind") != kind or obj.get("apiVersion") != "ray.io/v1":
+        return f"must be one ray.io/v1 {kind} object; got {obj.get('apiVersion')} {obj.get('kind')}"
+    spec: Any = obj
+    for part in cluster_at:
+        spec = spec.get(part) if isinstance(spec, dict) else None
+    where = ".".join(cluster_at)
+    if not isinstance(spec, dict):
+        return f"has no {where} (the RayCluster spec it starts)"
+    head = ((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
+    if not (head.get("containers") or [None])[0]:
+        return f"has no {where}.headGroupSpec.template.spec.containers"
+    groups = spec.get("workerGroupSpecs") or []
+    if len(groups) != 1 or not (((groups[0].get("template") or {}).get("spec") or {}).get("containers") or [None])[0]:
+        return (f"must have exactly one worker group in {where}.workerGroupSpecs, with containers (the suite sizes "
+                f"it); got {len(groups)}")
+    return None
+
+
+def _load_templates(data: Mapping[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    templates = {}
+    for key, (kind, cluster_at) in TEMPLATES.items():
+        path = Path(data["templates"][key])
+        try:
+            obj = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ProfileError(f"{source}: field templates.{key}: cannot read {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ProfileError(f"{source}: field templates.{key}: {path} is not valid YAML: {exc}") from None
+        problem = _template_problem(obj, kind, cluster_at)
+        if problem:
+            raise ProfileError(f"{source}: field templates.{key}: {path} {problem}")
+        templates[key] = obj
+    return templates
 
 
 def _check_relations(data: dict[str, Any], source: str) -> None:
@@ -147,6 +196,8 @@ class CertificationProfile:
 
     data: Mapping[str, Any]
     source: str
+    # The golden templates the profile points at, by field (rayJob, rayCluster, rayService).
+    templates: Mapping[str, Mapping[str, Any]]
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
@@ -158,23 +209,52 @@ class CertificationProfile:
             node = None if node is None else node[part]
         return None if node is None else parse_duration(node)
 
+    def cluster_spec(self, template: str) -> Mapping[str, Any]:
+        """The RayCluster spec inside golden template ``template`` (rayJob, rayCluster, rayService)."""
+        node: Any = self.templates[template]
+        for part in TEMPLATES[template][1]:
+            node = node[part]
+        return node
+
+    def _worker(self) -> Mapping[str, Any]:
+        return self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+
     @property
     def ray_image(self) -> str:
-        return str(self.data["ray"]["image"])
+        """The image of the golden RayJob's head: the platform's Ray image (probe pods run it too)."""
+        return str(self.cluster_spec("rayJob")["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
+
+    def _worker_amount(self, resource: str) -> str:
+        resources = self._worker().get("resources") or {}
+        return str((resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
+                   or 0)
 
     @property
     def worker_gpus(self) -> int:
-        return int(self.data["workers"]["gpus"])
+        """nvidia.com/gpu of a worker pod of the golden RayJob (0: a CPU-only platform)."""
+        return int(self._worker_amount("nvidia.com/gpu"))
+
+    @property
+    def worker_cpu(self) -> str:
+        """The CPU a worker pod of the golden RayJob asks for (a quantity)."""
+        return self._worker_amount("cpu")
 
     @property
     def wait_for_pods_ready_s(self) -> float | None:
         return self.seconds("kueue.waitForPodsReady.timeout")  # platform-owned-ok: read, never set
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()[:16]
+        """Of the profile and the templates' contents (a changed template is a changed profile)."""
+        return hashlib.sha256(json.dumps([self.data, self.templates], sort_keys=True).encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
         return copy.deepcopy(dict(self.data))
+
+    def template_digests(self) -> dict[str, dict[str, str]]:
+        """Each golden template's file and the SHA-256 (16 hex digits) of its parsed content, for the certificate."""
+        return {key: {"file": str(self.data["templates"][key]),
+                      "sha256": hashlib.sha256(json.dumps(t, sort_keys=True).encode()).hexdigest()[:16]}
+                for key, t in self.templates.items()}
 
 
 # The promises a profile makes, with the range the design calls sane. A value
@@ -209,5 +289,5 @@ def outside_sane_ranges(profile: CertificationProfile) -> list[str]:
 
 def load(source: str | Path | Mapping[str, Any] | None = None) -> CertificationProfile:
     """The default profile merged with ``source``; raises ProfileError on the first bad field."""
-    data, name = load_layered(DEFAULT_PROFILE, SCHEMA, source, _check_relations)
-    return CertificationProfile(data=data, source=name)
+    data, name = load_layered(DEFAULT_PROFILE, SCHEMA, source, _check_relations, paths=TEMPLATE_FIELDS)
+    return CertificationProfile(data=data, source=name, templates=_load_templates(data, name))

@@ -1,7 +1,7 @@
 """Training RayJobs as the clauses submit them, and reading what they did.
 
-Shared by the Kubernetes clauses: a training RayJob of the profile's shape
-(one Ray Train worker per worker pod), submitted through Kueue, and the
+Shared by the Kubernetes clauses: the platform's golden RayJob running the
+training (one Ray Train worker per worker pod), submitted through Kueue, and the
 ``RAYPROOF_EVENT`` lines of its driver read back from the submitter pod's log.
 """
 from __future__ import annotations
@@ -14,16 +14,17 @@ from fixtures.events import parse_events
 from fixtures.waiting import wait_for
 
 
-def training_rayjob(lab: Any, name: str, *, workers: int = 2, steps: int = 12, step_time_s: float = 0.0,
-                    max_failures: int = 0, queue: str | None = "team", priority_class: str | None = None,
-                    backoff_limit: int = 0, run_name: str | None = None,
+def training_rayjob(lab: Any, namespace: str, name: str, *, workers: int = 2, steps: int = 12,
+                    step_time_s: float = 0.0, max_failures: int = 0, queue: str | None = "team",
+                    priority_class: str | None = None, backoff_limit: int = 0, run_name: str | None = None,
                     checkpoint_every: int | None = None) -> dict[str, Any]:
-    profile = lab.profile
-    entry = mf.training_entrypoint(profile, run_name or name, world_size=workers, steps=steps, step_time_s=step_time_s,
-                                   max_failures=max_failures, checkpoint_every=checkpoint_every)
-    spec = mf.raycluster_spec(profile, lab.labels, workers=workers)
-    return mf.rayjob(name, lab.labels, entry, spec, queue=queue, priority_class=priority_class,
-                     backoff_limit=backoff_limit)
+    """The platform's golden RayJob running the FSDP training, one Ray Train
+    worker per worker pod, for ``namespace`` (not yet created)."""
+    entry = mf.training_entrypoint(lab.profile, run_name or name, world_size=workers, steps=steps,
+                                   step_time_s=step_time_s, max_failures=max_failures,
+                                   checkpoint_every=checkpoint_every)
+    return lab.rayjob(namespace, name, entry, workers=workers, queue=queue, priority_class=priority_class,
+                      backoff_limit=backoff_limit)
 
 
 def driver_events(lab: Any, namespace: str, rayjob: str, kind: str | None = None) -> list[dict[str, Any]]:

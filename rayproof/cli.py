@@ -82,6 +82,8 @@ def target_rows(target: dict | None) -> dict[str, str]:
             "versions": ", ".join(f"{k} {v}" for k, v in (target.get("versions") or {}).items()),
             "nodes": f"{target.get('nodes')} ({'; '.join(f'{n} x {k}' for k, n in (target.get('node_shapes') or {}).items())})",
             "certification profile": str(target.get("certification_profile"))}
+    for key, template in (target.get("golden_templates") or {}).items():
+        rows[f"golden {key} template"] = f"{template['file']} (sha256 {template['sha256']})"
     return rows
 
 
@@ -117,7 +119,8 @@ def cmd_certify(args: argparse.Namespace) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
             print(f"rayproof: certifying; reports go to {out}", flush=True)
-            described = {**target.describe(), "certification_profile": profile.source}
+            described = {**target.describe(), "certification_profile": profile.source,
+                         "golden_templates": profile.template_digests()}
             rc = _pytest([*WORKERS, *_certify_pytest_args(args, out, results)])
         finally:
             target.close()

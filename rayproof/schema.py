@@ -156,21 +156,40 @@ def _check_known(node: Any, schema: Any, path: str, source: str) -> None:
         _check_known(value, schema[key], f"{path}.{key}" if path else key, source)
 
 
+def _resolve_paths(node: Any, fields: tuple[str, ...], base: Path) -> None:
+    """Make the relative file paths at the dotted ``fields`` of ``node``
+    absolute, against ``base`` (the directory of the file that names them)."""
+    for field in fields:
+        *parents, leaf = field.split(".")
+        holder = node
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and isinstance(holder.get(leaf), str) and holder[leaf].strip() \
+                and not Path(holder[leaf]).is_absolute():
+            holder[leaf] = str((base / holder[leaf]).resolve())
+
+
 def load_layered(defaults: Path, schema: Mapping[str, Any], source: str | Path | Mapping[str, Any] | None,
-                 relations: Callable[[dict[str, Any], str], None] | None = None) -> tuple[dict[str, Any], str]:
+                 relations: Callable[[dict[str, Any], str], None] | None = None,
+                 paths: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
     """``defaults`` merged with ``source`` (a YAML file, a mapping or None) and
-    validated against ``schema``; returns the data and the name of its source."""
+    validated against ``schema``; returns the data and the name of its source.
+    The dotted fields in ``paths`` are file paths: a relative one is taken
+    relative to the file that names it (the working directory for a mapping)."""
     base = _read_yaml(defaults)
     if source is None:
         user: Any = {}
         name = str(defaults)
+        user_dir = defaults.parent
     elif isinstance(source, Mapping):
-        user, name = copy.deepcopy(dict(source)), "profile"
+        user, name, user_dir = copy.deepcopy(dict(source)), "profile", Path.cwd()
     else:
         path = Path(source)
-        user, name = _read_yaml(path), str(path)
+        user, name, user_dir = _read_yaml(path), str(path), path.parent
     if not isinstance(user, dict):
         raise ProfileError(f"{name}: field (top level): must be a mapping; got {user!r}")
+    _resolve_paths(base, paths, defaults.parent)
+    _resolve_paths(user, paths, user_dir)
     # Unknown keys are reported before merging, against the user's own text.
     _check_known(user, schema, "", name)
     data = _validate(_merge(base, user), schema, "", name)

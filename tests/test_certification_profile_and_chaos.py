@@ -14,14 +14,15 @@ import pytest
 from chaos import rayjob, straggler
 from chaos.runner import EXPERIMENTS
 from conformance import profile as profile_mod
+from fixtures import golden
 from fixtures import manifests as mf
 from fixtures.timeouts import Tier
 
 
 def test_default_profile_is_valid() -> None:
     p = profile_mod.load()
-    assert p["ray"]["env"]["COLLECTIVE_TIMEOUT_S"] == "60"
     assert p.wait_for_pods_ready_s == 120
+    assert p.ray_image == "rayproject/ray:2.60.0"
     assert p.worker_gpus == 8
     assert p["kueue"]["priorityClasses"] == {"low": "rayproof-low", "high": "rayproof-high"}
 
@@ -29,10 +30,10 @@ def test_default_profile_is_valid() -> None:
 @pytest.mark.parametrize("override, message", [
     ({"kueue": {"preemtion": "Never"}}, "field kueue.preemtion: unknown"),
     ({"training": {"maxCollectiveTimeout": "soon"}}, "field training.maxCollectiveTimeout: must be a Go duration"),
-    ({"workers": {"gpus": -1}}, "field workers.gpus: must be an integer from 0 to 64"),
+    ({"workers": {"gpus": 8}}, "field workers: unknown; allowed here: templates"),
     ({"kueue": {"priorityClasses": {"high": "rayproof-low"}}}, "kueue.priorityClasses.high: must differ from low"),
     ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
-    ({"ray": {"headServiceType": "Ingress"}}, "field ray.headServiceType: must be one of ClusterIP"),
+    ({"templates": {"rayJob": ""}}, "field templates.rayJob: must be a path to a YAML file"),
     ({"tenancy": {"namespaceIsolation": "none"}}, "field tenancy.namespaceIsolation: must be one of documented"),
     ({"tenancy": {"rayClusters": "perNamespace"}}, "field tenancy.rayClusters: must be one of perTeam, shared"),
     ({"network": {"workerIngress": {"from": []}}}, "field network.workerIngress: must be null (the design's policy)"),
@@ -74,8 +75,7 @@ def test_team_isolation_policy_guards_heads_only_from_other_namespaces() -> None
 
 
 def _job(workers: int = 2) -> dict:
-    p = profile_mod.load()
-    return mf.rayjob("j", {"rayproof.io/run": "r"}, "true", mf.raycluster_spec(p, {}, workers=workers), queue="team")
+    return golden.rayjob(profile_mod.load(), "j", {"rayproof.io/run": "r"}, "true", workers=workers, queue="team")
 
 
 def test_straggler_moves_one_replica_into_a_delayed_group() -> None:

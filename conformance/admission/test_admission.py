@@ -29,10 +29,9 @@ THREE_TEAMS_RUN = Tier("three_teams_run", 2 * timeouts.TRAINING_RUN.seconds,
                        "three teams' RayJobs through a ClusterQueue sized for two gangs")
 
 
-def hold_job(lab: Any, name: str, seconds: float) -> dict[str, Any]:
-    """A RayJob of the profile's gang shape (head + 2 workers) that holds it for ``seconds``."""
-    return mf.rayjob(name, lab.labels, mf.hold_entrypoint(seconds), mf.raycluster_spec(lab.profile, lab.labels),
-                     queue="team")
+def hold_job(lab: Any, namespace: str, name: str, seconds: float) -> dict[str, Any]:
+    """The golden RayJob (head + 2 workers) holding its gang for ``seconds``, queued to the team's LocalQueue."""
+    return lab.rayjob(namespace, name, mf.hold_entrypoint(seconds), queue="team")
 
 
 def finished(sample: dict[str, Any], names: list[str]) -> bool:
@@ -72,11 +71,11 @@ def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
     sampler = Sampler(lab, {a: ns}, f"rp-{lab.key}")
     evidence.record("queue_gpus", gang)
     with evidence.phase("A admitted"):
-        body_a = lab.create_ray(ns, "rayjobs", hold_job(lab, a, HOLD_S))
+        body_a = lab.create_ray(ns, "rayjobs", hold_job(lab, ns, a, HOLD_S))
         wait_for(sampler.sample, lambda s: a in s["jobs"] and s["jobs"][a]["quota"],
                  timeout=timeouts.CONTROLLER_RECONCILE, interval=1, description=f"RayJob {a} to be admitted")
     with evidence.phase("B waits while A holds the gang"):
-        body_b = lab.create_ray(ns, "rayjobs", hold_job(lab, b, SHORT_HOLD_S))
+        body_b = lab.create_ray(ns, "rayjobs", hold_job(lab, ns, b, SHORT_HOLD_S))
         sampler.jobs[b] = ns
         wait_for(sampler.sample, lambda s: b in s["jobs"] and s["jobs"][b]["quota"], timeout=timeouts.TRAINING_RUN,
                  interval=1, description=f"RayJob {b} to be admitted once {a} gives its gang back")
@@ -132,7 +131,7 @@ def test_teams_sharing_a_queue_get_whole_gangs(lab, evidence) -> None:
     sampler = Sampler(lab, jobs, f"rp-{lab.key}")
     evidence.record("queue_gpus", 2 * gang)
     with evidence.phase("submit"):
-        bodies = {n: lab.create_ray(ns, "rayjobs", hold_job(lab, n, SHORT_HOLD_S)) for n, ns in jobs.items()}
+        bodies = {n: lab.create_ray(ns, "rayjobs", hold_job(lab, ns, n, SHORT_HOLD_S)) for n, ns in jobs.items()}
     with evidence.phase("run"):
         wait_for(sampler.sample, lambda s: finished(s, list(jobs)), timeout=THREE_TEAMS_RUN, interval=1,
                  description="all three teams' RayJobs to finish")
@@ -200,8 +199,7 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     gang = gang_gpus(lab)
     lab.queues([ns], gpus=gang)
     name = lab.name("stuck")
-    job = training_rayjob(lab, name, steps=4)
-    job["metadata"]["namespace"] = ns
+    job = training_rayjob(lab, ns, name, steps=4)
     sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {
@@ -301,8 +299,7 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab, workers))
     name = lab.name("late")
-    job = training_rayjob(lab, name, workers=workers, steps=6)
-    job["metadata"]["namespace"] = ns
+    job = training_rayjob(lab, ns, name, workers=workers, steps=6)
     sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {

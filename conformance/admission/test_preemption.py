@@ -29,8 +29,8 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
     low_ns, high_ns = lab.namespace("low"), lab.namespace("high")
     lab.queues([low_ns, high_ns], gpus=gang_gpus(lab))
     low = lab.name("low")
-    lab.create_ray(low_ns, "rayjobs", training_rayjob(lab, low, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=1,
-                                                     priority_class=pcs["low"]))
+    lab.create_ray(low_ns, "rayjobs", training_rayjob(lab, low_ns, low, steps=STEPS, step_time_s=STEP_TIME_S,
+                                                     max_failures=1, priority_class=pcs["low"]))
     log = DriverLog(lab, low_ns, low)
     with evidence.phase("steady state"):
         ckpt, _ = wait_settled_checkpoint(log, last_step_below=STEPS - 10)
@@ -62,7 +62,7 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
     with evidence.phase("inject"):
         sampler.start()
         preempted_at = time.time()
-        lab.create_ray(high_ns, "rayjobs", training_rayjob(lab, high, steps=6, max_failures=0,
+        lab.create_ray(high_ns, "rayjobs", training_rayjob(lab, high_ns, high, steps=6, max_failures=0,
                                                           priority_class=pcs["high"]))
     try:
         with evidence.phase("observe"):

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from chaos import runner
+from fixtures import golden
 from fixtures import manifests as mf
 from fixtures import timeouts
 from fixtures.events import parse_events
@@ -28,7 +29,6 @@ SERVE_CONFIG = REPO / "workloads" / "serve_config.yaml"
 LOAD_GEN = REPO / "workloads" / "load_gen.py"
 LOADGEN_CONFIGMAP = "rayproof-loadgen"
 LOADGEN_MOUNT = "/opt/rayproof-loadgen"
-REDIS_PORT = 6379
 SERVE_PORT = 8000
 LOAD_RATE = 10.0  # requests per second during the whole event
 REQUEST_TIMEOUT_S = 2.0
@@ -48,46 +48,11 @@ SERVICE_UP = Tier("gcs_service_up", timeouts.RAYCLUSTER_READY.seconds + timeouts
 # -- helpers -------------------------------------------------------------------------
 
 
-def head_memory_bytes(profile) -> int:
+def head_memory_bytes(obj: dict[str, Any]) -> int:
+    """The memory limit of the head container of a RayCluster or RayService (its golden template's)."""
     from kubernetes.utils import parse_quantity
 
-    return int(parse_quantity(profile["head"]["memory"]))
-
-
-def gcs_ft_enabled(profile) -> bool:
-    return bool(profile["gcsFaultTolerance"]["enabled"])
-
-
-def deploy_redis(lab, ns: str) -> str:
-    """A Redis Pod + Service in ``ns`` for GCS fault tolerance; returns its address (host:port)."""
-    name = "gcs-redis"
-    selector = {"app.kubernetes.io/name": name}
-    lab.core.create_namespaced_pod(ns, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {**lab.labels, **selector}},
-        "spec": {"containers": [{
-            "name": "redis", "image": lab.profile["gcsFaultTolerance"]["redisImage"],
-            # Without a bind address or password a stock redis-server answers
-            # only loopback clients ("protected mode"); the official image
-            # turns that off, so it is said here for any redis-server.
-            "command": ["redis-server", "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
-                        "--protected-mode", "no"],
-            "ports": [{"containerPort": REDIS_PORT}],
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
-            "readinessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 2}}]}})
-    lab.core.create_namespaced_service(ns, {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": dict(lab.labels)},
-        "spec": {"selector": selector, "ports": [{"port": REDIS_PORT, "targetPort": REDIS_PORT}]}})
-    wait_for(lambda: lab.core.read_namespaced_pod(name, ns), lambda p: _pod_ready(p), timeout=timeouts.POD_START,
-             description=f"Redis pod {ns}/{name} to be Ready")
-    return f"{name}.{ns}.svc.cluster.local:{REDIS_PORT}"
-
-
-def cluster_spec(lab, ns: str, *, workers: int) -> dict[str, Any]:
-    """The profile's RayCluster spec, with GCS fault tolerance on a Redis in
-    ``ns`` when the profile says the platform uses it."""
-    redis = deploy_redis(lab, ns) if gcs_ft_enabled(lab.profile) else None
-    return mf.raycluster_spec(lab.profile, lab.labels, workers=workers, gcs_redis_address=redis)
+    return int(parse_quantity(golden.head_container(obj)["resources"]["limits"]["memory"]))
 
 
 def _pod_ready(pod: Any) -> bool:
@@ -405,23 +370,19 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
     back as Ray sees it -- the head Ready again, its Serve applications
     RUNNING and the GCS listing as many alive Ray nodes as before the fault
     (plus a short tail) -- and the worker pods MUST come through it neither
-    restarted nor replaced. With the profile's GCS fault tolerance the cluster
-    keeps its GCS state in a Redis in the namespace."""
+    restarted nor replaced. The RayService is the platform's golden one: its
+    GCS fault tolerance (a Redis the template names) is the platform's choice."""
     target = float(lab.profile["serving"]["availabilityTarget"])
-    ft = gcs_ft_enabled(lab.profile)
-    evidence.record("gcs_fault_tolerance", ft)
     evidence.record("availability_target", target)
-    exclude_head = evidence.record("exclude_head_from_serve_service",
-                                   bool(lab.profile["serving"]["excludeHeadFromServeService"]))
     ns = lab.namespace("a")
     name = lab.name("gcs1")
     workers = 1
     with evidence.phase("deploy the RayService"):
-        spec = cluster_spec(lab, ns, workers=workers)
-        lab.create_ray(ns, "rayservices", {"apiVersion": "ray.io/v1", "kind": "RayService",
-                                           "metadata": {"name": name},
-                                           "spec": {"serveConfigV2": serve_config(1), "rayClusterConfig": spec,
-                                                    "excludeHeadPodFromServeSvc": exclude_head}})
+        service = lab.rayservice(ns, name, serve_config(1), workers=workers)
+        # What the golden template decided, read (never set) by the suite.
+        ft = evidence.record("gcs_fault_tolerance", golden.gcs_redis_address(service))
+        evidence.record("exclude_head_from_serve_service", bool(service["spec"].get("excludeHeadPodFromServeSvc")))
+        lab.create_ray(ns, "rayservices", service)
     with deleted_first(lab, ns, "rayservices", name):
         with evidence.phase("deploy the RayService"):
             up = wait_for(lambda: service_sample(lab, ns, name), lambda s: s["cluster"] and apps_running(s),
@@ -430,8 +391,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
             serve_svc = f"{name}-serve-svc"
             wait_for(lambda: serve_endpoints(lab, ns, serve_svc), timeout=timeouts.SERVE_APP,
                      description=f"Service {ns}/{serve_svc} to have a ready endpoint")
-            gcs_ft = spec.get("gcsFaultToleranceOptions")  # platform-owned-ok: recorded as evidence
-            evidence.record("rayservice", {"name": name, "cluster": cluster, "gcs": gcs_ft})
+            evidence.record("rayservice", {"name": name, "cluster": cluster, "gcs": ft})
         with evidence.phase("baseline load and Ray nodes"):
             url = f"http://{serve_svc}.{ns}.svc.cluster.local:{SERVE_PORT}/"
             observe_s = EVENT.seconds + timeouts.RAYCLUSTER_READY.seconds
@@ -452,7 +412,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
         evidence.record("head_before", before)
         evidence.record("worker_pods_before", workers_before)
         evidence.record("ray_nodes_before", nodes_before)
-        target_bytes = PRESSURE_FACTOR * head_memory_bytes(lab.profile)
+        target_bytes = PRESSURE_FACTOR * head_memory_bytes(service)
         pressure = lab.name("head-pressure")
         with Timeline(lambda: {**head_sample(lab, ns, cluster), **service_sample(lab, ns, name)},
                       f"sampling RayService {ns}/{name} through the head OOM") as timeline:
@@ -557,7 +517,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
 
     assert killed["reached"], (
         f"the head of {ns}/{cluster} did not restart after ending OOMKilled within {killed['elapsed_s']} s of the "
-        f"pressure job ({target_bytes} bytes against a {lab.profile['head']['memory']} limit; restarts before "
+        f"pressure job ({target_bytes} bytes against a {golden.head_container(service)['resources']['limits']['memory']} limit; restarts before "
         f"{before['restarts']}); head: {killed['head']}")
     oomed = killed["head"]
     assert (oomed["restarts"] or 0) > before["restarts"] and head_after["restarts"] > before["restarts"], (
@@ -575,7 +535,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
     assert window["availability"] >= target, (
         f"the RayService answered {window['ok']} of {window['sent']} requests ({window['availability']:.2%}) from the "
         f"pressure job's submission until {window_reason}, below the target {target:.2%} (GCS fault tolerance "
-        f"{'on' if ft else 'off'}); failing seconds {window['failing_seconds']}")
+        f"{'on, Redis at ' + ft if ft else 'off in the golden RayService template'}); failing seconds {window['failing_seconds']}")
     assert back, (
         f"the GCS of {ns}/{cluster} did not list {nodes_before['alive']} alive Ray nodes (the restarted head among "
         f"them) within {timeouts.RAY_NODE.seconds:g} s of the Serve applications RUNNING again: the cluster is not "
@@ -583,7 +543,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
     changed = worker_changes(workers_before, workers_after)
     assert not changed, (
         f"the head's OOM restart reached the workers of {ns}/{cluster}, which GCS fault tolerance promises survive "
-        f"a head restart (GCS fault tolerance {'on' if ft else 'off'}): " + "; ".join(changed))
+        f"a head restart (GCS fault tolerance {'on' if ft else 'off in the golden RayService template'}): " + "; ".join(changed))
 
 
 TICK_GAP_S = 15.0  # the most another team's job may go without progress during the event
@@ -652,12 +612,9 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     shared = evidence.record("ray_clusters", lab.profile["tenancy"]["rayClusters"]) == "shared"
     ns_other = ns_a if shared else ns_b
     with evidence.phase("deploy both teams"):
-        lab.create_ray(ns_a, "rayclusters", {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-                                             "metadata": {"name": cluster_a},
-                                             "spec": cluster_spec(lab, ns_a, workers=1)})
+        team_a = lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster_a, workers=1))
         if not shared:
-            lab.create_ray(ns_b, "rayjobs", mf.rayjob(other, lab.labels, tick_entrypoint(ticks_long),
-                                                      mf.raycluster_spec(lab.profile, lab.labels, workers=1)))
+            lab.create_ray(ns_b, "rayjobs", lab.rayjob(ns_b, other, tick_entrypoint(ticks_long), workers=1))
     with deleted_first(lab, ns_a, "rayclusters", cluster_a):
         with evidence.phase("deploy both teams"):
             wait_for(lambda: head_sample(lab, ns_a, cluster_a), lambda h: h["ready"], timeout=timeouts.RAYCLUSTER_READY,
@@ -674,7 +631,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
         before = head_sample(lab, ns_a, cluster_a)
         evidence.record("team_b_pods_before", b_before)
         evidence.record("head_before", before)
-        target_bytes = PRESSURE_FACTOR * head_memory_bytes(lab.profile)
+        target_bytes = PRESSURE_FACTOR * head_memory_bytes(team_a)
         with Timeline(lambda: {**head_sample(lab, ns_a, cluster_a), "victim": rayjob_sample(lab, ns_a, victim),
                                "team_b": rayjob_sample(lab, ns_other, other)},
                       "sampling team A's head and jobs of both teams through the head OOM") as timeline:

@@ -67,8 +67,7 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
     instead of hanging, and the collective timeout the training ran with (the
     platform's, never the suite's) MUST be within the bound."""
     bound_s, slack, ns, name = blocked_training_setup(lab, network_policy_enforcement, evidence, "net1")
-    job = training_rayjob(lab, name, steps=8)
-    job["metadata"]["namespace"] = ns
+    job = training_rayjob(lab, ns, name, steps=8)
     with evidence.phase("inject and observe"):
         journal = runner.run("block-collectives", {
             "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
@@ -126,7 +125,7 @@ def test_documented_allow_policy_lets_training_run(lab, network_policy_enforceme
     policy = block_collectives.allow(str(lab.kubeconfig), ns, lab.labels, ingress, context=lab.context)
     evidence.record("worker_policy", {"source": source, "spec": policy["spec"]})
     name = lab.name("net2")
-    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=8))
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=8))
     status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
                              timeout=timeouts.TRAINING_RUN, description="finished under the allow policy")
     finish = driver_events(lab, ns, name, "finish")
@@ -151,7 +150,7 @@ def test_lockdown_during_training_never_leaves_it_hanging(lab, network_policy_en
     cuts connections already open) or Succeeded with every step done (it keeps
     them, as Calico and Antrea do)."""
     bound_s, slack, ns, name = blocked_training_setup(lab, network_policy_enforcement, evidence, "net4")
-    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=LOCKDOWN_STEPS, step_time_s=STEP_TIME_S))
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=LOCKDOWN_STEPS, step_time_s=STEP_TIME_S))
     log = DriverLog(lab, ns, name)
     with evidence.phase("steady state"):
         wait_for(log.refresh, lambda ev: any(e["event"] == "failure" for e in ev)

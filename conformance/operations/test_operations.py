@@ -42,19 +42,20 @@ def _gpu_reserved(cq: dict) -> float:
 
 @pytest.mark.clause("OPS-1")
 def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
-    """When a RayJob finishes, its RayCluster and every one of its pods MUST be
-    gone, and its GPUs back in the ClusterQueue (no reservation left), within
-    the profile's operations.teardownWithin of the job's end time."""
+    """When a RayJob written from the platform's golden template finishes, its
+    RayCluster and every one of its pods MUST be gone, and its GPUs back in
+    the ClusterQueue (no reservation left), within the profile's
+    operations.teardownWithin of the job's end time."""
     bound_s = lab.profile.seconds("operations.teardownWithin")
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     cq = f"rp-{lab.key}"
     name = lab.name("ops1")
-    spec = mf.raycluster_spec(lab.profile, lab.labels, workers=2)
-    # The TTL is the platform's job-template value as its profile states it, applied by the suite until
-    # golden templates carry it (issue 12, item 1).
-    ttl_s = int(lab.profile["operations"]["ttlSecondsAfterFinished"])  # platform-owned-ok: the platform's stated TTL
-    lab.create_ray(ns, "rayjobs", mf.rayjob(name, lab.labels, mf.hold_entrypoint(5), spec, queue="team", ttl_s=ttl_s))
+    job = lab.rayjob(ns, name, mf.hold_entrypoint(5), queue="team")
+    # The golden template's teardown settings, as the platform set them (never the suite).
+    evidence.record("template_teardown", {k: job["spec"].get(k) for k in ("shutdownAfterJobFinishes",
+                                                                          "ttlSecondsAfterFinished")})
+    lab.create_ray(ns, "rayjobs", job)
     status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
                              timeout=timeouts.RAYCLUSTER_READY, description="finished")
     assert status.get("jobStatus") == "SUCCEEDED", f"the hold job {name} itself failed: {status}"
@@ -127,9 +128,7 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None
     authentication annotation."""
     ns = lab.namespace("a")
     name = lab.name("sec1")
-    lab.create_ray(ns, "rayclusters", {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-                                       "metadata": {"name": name, "labels": lab.labels},
-                                       "spec": mf.raycluster_spec(lab.profile, lab.labels, workers=0)})
+    lab.create_ray(ns, "rayclusters", lab.raycluster(ns, name, workers=0))
     head_svc = wait_for(lambda: [s for s in lab.core.list_namespaced_service(ns).items
                                  if (s.metadata.labels or {}).get("ray.io/cluster") == name],
                         timeout=timeouts.CONTROLLER_RECONCILE, description=f"KubeRay's Services for RayCluster {name}")
@@ -156,9 +155,7 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     evidence.record("policies", {ns: [p.metadata.name for p in lab.net.list_namespaced_network_policy(ns).items]
                                  for ns in (ns_a, ns_b)})
     with evidence.phase("team A's cluster"):
-        lab.create_ray(ns_a, "rayclusters", {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-                                             "metadata": {"name": cluster},
-                                             "spec": mf.raycluster_spec(lab.profile, lab.labels, workers=0)})
+        lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster, workers=0))
         head = wait_for(lambda: [p for p in lab.pods(ns_a, f"ray.io/cluster={cluster},ray.io/node-type=head")
                                  if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])],
                         timeout=timeouts.RAYCLUSTER_READY, interval=2,

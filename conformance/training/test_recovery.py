@@ -40,7 +40,7 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     name = lab.name("trn1")
-    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=2))
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=2))
 
     log = DriverLog(lab, ns, name)
     with evidence.phase("steady state"):
@@ -116,7 +116,7 @@ def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, t
     ns = lab.namespace("a")
     lab.queues([ns], gpus=gang_gpus(lab))
     name = lab.name("trn2")
-    lab.create_ray(ns, "rayjobs", training_rayjob(lab, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=1,
+    lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=1,
                                                  backoff_limit=2))
     log = DriverLog(lab, ns, name)
     with evidence.phase("steady state"):

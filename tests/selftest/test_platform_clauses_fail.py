@@ -4,9 +4,11 @@ A suite that cannot fail proves nothing. Each case runs the real clause (a
 pytest subprocess, exactly as `rayproof certify` runs it) against an embedded
 platform started with the matching misconfiguration of its own (Kueue's
 waitForPodsReady off or shorter than a healthy image pull, a CNI that does not
-enforce NetworkPolicy, Kueue not managing RayJobs), and requires the clause's outcome to be ``failed`` with a
-message that names the cause. Clauses whose limits come from the profile are
-checked the same way in ``test_profile_described_clauses_fail.py``.
+enforce NetworkPolicy, Kueue not managing RayJobs), and requires the clause's
+outcome to be ``failed`` with a message that names the cause. Changes that
+need no platform of their own (a golden template, or, until the platform owns
+its queues and policies, a profile that describes them) are in
+``test_configured_platform_clauses_fail.py``.
 """
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""The platform's golden templates: how a profile points at them, and that
+filling them in sets only what a team sets (no cluster needed)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conformance import profile as profile_mod
+from fixtures import golden
+from fixtures import manifests as mf
+
+GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"
+
+
+def _copy(tmp_path: Path, name: str, change=None) -> Path:
+    obj = yaml.safe_load((GOLDEN / name).read_text())
+    if change:
+        change(obj)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(obj))
+    return path
+
+
+def test_default_templates_are_the_reference_platforms() -> None:
+    p = profile_mod.load()
+    assert {k: Path(v) for k, v in p["templates"].items()} == {
+        "rayJob": GOLDEN / "rayjob.yaml", "rayCluster": GOLDEN / "raycluster.yaml",
+        "rayService": GOLDEN / "rayservice.yaml"}
+    assert p.worker_gpus == 8 and p.worker_cpu == "1"
+    assert {k: v["file"] for k, v in p.template_digests().items()} == p["templates"]
+
+
+def test_a_profile_names_templates_relative_to_its_own_directory(tmp_path: Path) -> None:
+    (tmp_path / "golden").mkdir()
+    _copy(tmp_path / "golden", "rayjob.yaml", lambda o: o["spec"].update(ttlSecondsAfterFinished=600))
+    profile = tmp_path / "platform.yaml"
+    profile.write_text("templates:\n  rayJob: golden/rayjob.yaml\n")
+    p = profile_mod.load(profile)
+    assert p["templates"]["rayJob"] == str(tmp_path / "golden" / "rayjob.yaml")
+    assert p.templates["rayJob"]["spec"]["ttlSecondsAfterFinished"] == 600
+    assert p["templates"]["rayService"] == str(GOLDEN / "rayservice.yaml"), "the others stay the defaults"
+    assert p.digest() != profile_mod.load().digest(), "a changed template is a changed profile"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda o: o.update(kind="RayCluster"), "must be one ray.io/v1 RayJob object; got ray.io/v1 RayCluster"),
+    (lambda o: o["spec"].pop("rayClusterSpec"), "has no spec.rayClusterSpec"),
+    (lambda o: o["spec"]["rayClusterSpec"]["workerGroupSpecs"].append(
+        dict(o["spec"]["rayClusterSpec"]["workerGroupSpecs"][0], groupName="more")),
+     "must have exactly one worker group in spec.rayClusterSpec.workerGroupSpecs"),
+])
+def test_a_bad_template_is_one_error_naming_the_field_and_file(tmp_path: Path, change, message: str) -> None:
+    path = _copy(tmp_path, "rayjob.yaml", change)
+    with pytest.raises(profile_mod.ProfileError, match=re.escape(f"field templates.rayJob: {path} {message}")):
+        profile_mod.load({"templates": {"rayJob": str(path)}})
+
+
+def test_a_missing_template_is_a_profile_error(tmp_path: Path) -> None:
+    with pytest.raises(profile_mod.ProfileError, match="field templates.rayService: cannot read"):
+        profile_mod.load({"templates": {"rayService": str(tmp_path / "nope.yaml")}})
+
+
+def test_filling_in_sets_only_what_a_team_sets() -> None:
+    p = profile_mod.load()
+    job = golden.rayjob(p, "train-1", {"rayproof.io/run": "r"}, "python x.py", workers=3, queue="team",
+                        priority_class="rayproof-low", backoff_limit=1)
+    fields = golden.suite_set_fields(p.templates["rayJob"], job)
+    assert not golden.platform_fields(fields), fields
+    assert "metadata.name" in fields and "spec.entrypoint" in fields and "spec.suspend" in fields
+    assert f"metadata.labels.{mf.QUEUE_LABEL}" in fields and f"metadata.labels.{mf.PRIORITY_LABEL}" in fields
+    assert "spec.rayClusterSpec.workerGroupSpecs[workers].replicas" in fields
+    assert "spec.rayClusterSpec.headGroupSpec.template.spec.containers[ray-head].env[PYTHONPATH]" in fields
+    assert f"spec.rayClusterSpec.headGroupSpec.template.spec.volumes[{golden.WORKLOADS_VOLUME}]" in fields
+    cluster = job["spec"]["rayClusterSpec"]
+    assert cluster["workerGroupSpecs"][0]["replicas"] == 3
+    # What the platform decided is there as the template has it.
+    assert job["spec"]["shutdownAfterJobFinishes"] is True and job["spec"]["ttlSecondsAfterFinished"] == 0
+    head = golden.head_container(job)
+    assert {"name": "COLLECTIVE_TIMEOUT_S", "value": "60"} in head["env"]
+    assert head["resources"] == p.templates["rayJob"]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"][
+        "spec"]["containers"][0]["resources"]
+    assert p.templates["rayJob"]["metadata"]["name"] == "training", "the template itself is untouched"
+
+
+def test_the_guard_names_a_platform_owned_field_the_suite_would_change() -> None:
+    p = profile_mod.load()
+    job = golden.rayservice(p, "s", {}, "applications: []", workers=1)
+    job["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = "other:1"
+    job["spec"]["rayClusterConfig"].pop("gcsFaultToleranceOptions")
+    env = job["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
+    next(e for e in env if e["name"] == "COLLECTIVE_TIMEOUT_S")["value"] = "1800"
+    owned = golden.platform_fields(golden.suite_set_fields(p.templates["rayService"], job))
+    assert owned == ["spec.rayClusterConfig.gcsFaultToleranceOptions (removed)",
+                     "spec.rayClusterConfig.headGroupSpec.template.spec.containers[ray-head].image",
+                     "spec.rayClusterConfig.workerGroupSpecs[workers].template.spec.containers[ray-worker]"
+                     ".env[COLLECTIVE_TIMEOUT_S].value"], owned
+
+
+def test_a_template_whose_volumes_clash_with_the_suites_is_refused(tmp_path: Path) -> None:
+    def clash(o):
+        o["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"] = [
+            {"name": golden.WORKLOADS_VOLUME, "emptyDir": {}}]
+    p = profile_mod.load({"templates": {"rayJob": str(_copy(tmp_path, "rayjob.yaml", clash))}})
+    with pytest.raises(golden.PlatformFieldChanged, match="already has a volume named"):
+        golden.rayjob(p, "j", {}, "true")
+
+
+@pytest.mark.parametrize("address, service", [
+    ("gcs-redis:6379", "gcs-redis"), ("redis://gcs-redis:6379", "gcs-redis"),
+    ("gcs-redis.team-a.svc.cluster.local:6379", "gcs-redis"), ("gcs-redis.team-a:6379", "gcs-redis"),
+    ("redis.platform-redis.svc:6379", None), ("10.0.0.5:6379", None),
+])
+def test_the_team_deploys_a_redis_only_where_the_template_points_into_its_namespace(address: str,
+                                                                                    service: str | None) -> None:
+    assert golden.redis_service_in(address, "team-a") == service
