@@ -1,6 +1,6 @@
 """Operations and security: finished jobs give their GPUs back (OPS-1); Ray's
-dashboard and Jobs API are not reachable from outside the cluster (SEC-1); no
-team's Ray node can join another team's GCS (SEC-2)."""
+dashboard, Jobs API, client and GCS ports are not reachable from outside the
+cluster (SEC-1); no team's Ray node can join another team's GCS (SEC-2)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,6 +11,7 @@ import pytest
 from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures import timeouts
+from fixtures.exposure import exposed_endpoints, probe_endpoints
 from fixtures.netprobe import ray_join_attempt, ray_nodes_seen_from
 from fixtures.timeouts import Tier
 from fixtures.waiting import WaitTimeout, wait_for
@@ -19,18 +20,10 @@ pytestmark = pytest.mark.slow
 
 # OPS-1 keeps watching this long past its bound before it gives up.
 TEARDOWN_OVERRUN_S = 30
-# Ports of Ray's control surfaces (REFERENCE: dashboard + Jobs API 8265, Ray client 10001).
-RAY_CONTROL_PORTS = {mf.DASHBOARD_PORT: "dashboard/Jobs API", 10001: "Ray client"}
 # SEC-2 watches a refused node of another namespace until this many times the
 # control's join time (at least the minimum) has passed since it was created.
 FOREIGN_JOIN_FACTOR = 5
 FOREIGN_JOIN_MIN_S = 60
-# Ingress annotations that put authentication in front of a backend.
-AUTH_ANNOTATIONS = ("nginx.ingress.kubernetes.io/auth-url", "nginx.ingress.kubernetes.io/auth-type",
-                    "nginx.ingress.kubernetes.io/auth-signin", "alb.ingress.kubernetes.io/auth-type",
-                    "traefik.ingress.kubernetes.io/router.middlewares", "konghq.com/plugins")
-
-
 def _gpu_reserved(cq: dict) -> float:
     total = 0.0
     for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
@@ -89,53 +82,41 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
         "its GPUs stayed held by an idle cluster")
 
 
-def _exposures(lab) -> list[str]:
-    """Services and Ingresses (all namespaces) that expose a Ray control port outside the cluster."""
-    found = []
-    for svc in lab.core.list_service_for_all_namespaces().items:
-        ports = {p.port: p for p in svc.spec.ports or []}
-        ray_ports = [(port, what) for port, what in RAY_CONTROL_PORTS.items()
-                     if port in ports or any((p.target_port == port) for p in ports.values())]
-        if not ray_ports:
-            continue
-        where = f"Service {svc.metadata.namespace}/{svc.metadata.name}"
-        if svc.spec.type in ("NodePort", "LoadBalancer"):
-            found.append(f"{where} is type {svc.spec.type} exposing {', '.join(w for _, w in ray_ports)}")
-        if svc.spec.external_ips:
-            found.append(f"{where} has externalIPs {svc.spec.external_ips}")
-    ray_services = {(s.metadata.namespace, s.metadata.name) for s in lab.core.list_service_for_all_namespaces().items
-                    if any(p.port in RAY_CONTROL_PORTS for p in s.spec.ports or [])}
-    for ing in lab.net.list_ingress_for_all_namespaces().items:
-        annotations = ing.metadata.annotations or {}
-        if any(a in annotations for a in AUTH_ANNOTATIONS):
-            continue
-        for rule in ing.spec.rules or []:
-            for path in (rule.http.paths if rule.http else []):
-                svc = path.backend.service
-                if svc and (ing.metadata.namespace, svc.name) in ray_services:
-                    found.append(f"Ingress {ing.metadata.namespace}/{ing.metadata.name} routes {path.path or '/'} "
-                                 f"to {svc.name} without an authentication annotation")
-    return found
+def _unauthenticated(probe: dict) -> str | None:
+    """Why a probed address lets anyone in, or None: a connect to the GCS or
+    client port is enough; the dashboard counts unless it answered 401/403."""
+    if not probe["reachable"] or (probe["ray_port"] == mf.DASHBOARD_PORT and probe["http_status"] in (401, 403)):
+        return None
+    answer = f", answering GET /api/version with {probe['http_status']}" if probe["answered_http"] else ""
+    return (f"Ray's {probe['surface']} of {probe['kind']} {probe['namespace']}/{probe['name']} is reachable from "
+            f"outside the cluster at {probe['address']}:{probe['port']} ({probe['via']}{answer})")
 
 
 @pytest.mark.clause("SEC-1")
 def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None:
-    """Ray's dashboard/Jobs API (8265) and client port (10001) MUST NOT be
-    reachable from outside the cluster without authentication: a RayCluster
-    written as the platform writes them gets only a ClusterIP head Service, and
-    no Service in any namespace exposes those ports as NodePort, LoadBalancer
-    or externalIPs, nor does any Ingress route to them without an
-    authentication annotation."""
+    """Ray's dashboard/Jobs API (8265), client port (10001) and GCS (6379)
+    MUST NOT be reachable from outside the cluster without authentication: a
+    RayCluster from the platform's golden template is started, and every
+    address the cluster reports for a Ray control port of any Service (node
+    addresses at NodePorts, LoadBalancer addresses, externalIPs, Ingress
+    hosts) is probed from the certifying host, outside the pod network; none
+    may accept a connection (the dashboard may answer only 401 or 403)."""
     ns = lab.namespace("a")
     name = lab.name("sec1")
-    lab.create_ray(ns, "rayclusters", lab.raycluster(ns, name, workers=0))
-    head_svc = wait_for(lambda: [s for s in lab.core.list_namespaced_service(ns).items
-                                 if (s.metadata.labels or {}).get("ray.io/cluster") == name],
-                        timeout=timeouts.CONTROLLER_RECONCILE, description=f"KubeRay's Services for RayCluster {name}")
+    cluster = lab.raycluster(ns, name, workers=0)
+    evidence.record("head_service_type", cluster["spec"]["headGroupSpec"].get("serviceType", "ClusterIP (default)"))
+    lab.create_ray(ns, "rayclusters", cluster)
+    # Probed once the head serves, so a Service exposing it has a ready endpoint to reach.
+    wait_for(lambda: lab.pods(ns, f"ray.io/cluster={name},ray.io/node-type=head"),
+             lambda pods: any(c.type == "Ready" and c.status == "True" for p in pods for c in p.status.conditions or []),
+             timeout=timeouts.RAYCLUSTER_READY, interval=2, description=f"the head of RayCluster {ns}/{name} to be Ready")
+    head_svc = [s for s in lab.core.list_namespaced_service(ns).items if (s.metadata.labels or {}).get("ray.io/cluster") == name]
     evidence.record("head_services", [{"name": s.metadata.name, "type": s.spec.type,
                                        "ports": [p.port for p in s.spec.ports or []]} for s in head_svc])
-    exposures = evidence.record("exposures", _exposures(lab))
-    assert not exposures, "Ray control ports are exposed outside the cluster: " + "; ".join(exposures)
+    endpoints = evidence.record("exposed_endpoints", exposed_endpoints(lab.core, lab.net))
+    probes = evidence.record("probes", probe_endpoints(endpoints))
+    open_doors = [why for why in map(_unauthenticated, probes) if why]
+    assert not open_doors, "Ray control ports are reachable from outside the cluster: " + "; ".join(open_doors)
 
 
 @pytest.mark.clause("SEC-2")

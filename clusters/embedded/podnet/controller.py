@@ -8,9 +8,10 @@ Two layers, so the logic can be tested without an API server:
 * :class:`PodNetworkController` runs one reconcile thread that, after a
   change and a short debounce (a burst of events becomes one apply),
   recompiles everything from a snapshot and applies only what differs: the
-  nat table (services), the DNS zone, the filter table (policies).  Each
-  table is one atomic ``iptables-restore`` commit.  A failed apply is retried
-  after a back-off.
+  nat table (services), the DNS zone, the filter table (policies), the node
+  port listeners (:mod:`.nodeports`).  Each table is one atomic
+  ``iptables-restore`` commit.  A failed apply is retried after a back-off, and
+  so is a node port that could not be bound.
 
 The watch layer is deliberately thin: per kind, LIST (raw JSON,
 ``_preload_content=False``) then WATCH from the list's resourceVersion with
@@ -33,6 +34,7 @@ from fixtures.waiting import wait_for
 from clusters.embedded.podnet.dns import build_zone
 from clusters.embedded.podnet.model import Namespace, Pod, Service, endpoints_from_slices
 from clusters.embedded.podnet.network import POD_CIDR, ROUTER_IP, SERVICE_CIDR, PodNetwork
+from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compile_node_ports
 from clusters.embedded.podnet.proxy import ClusterProxy
 from clusters.embedded.podnet.policy import PolicyError, compile_policies
 from clusters.embedded.podnet.services import compile_services
@@ -126,13 +128,14 @@ class PodNetworkController:
     (tests, or a caller with its own informers).  ``state_dir`` defaults to
     ``<kubeconfig's directory>/podnet``, the same place the node agent's
     :meth:`PodNetwork.for_run_dir` uses.  ``recheck_established``: see
-    :mod:`.policy` ("Existing connections").
+    :mod:`.policy` ("Existing connections").  ``node_ip``: the (loopback) address
+    node ports listen on, what the platform's nodes report as ``InternalIP``.
     """
 
     def __init__(self, kubeconfig: str | Path | None, platform_name: str, *, state_dir: str | Path | None = None,
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
-                 enforce_policies: bool = True):
+                 enforce_policies: bool = True, node_ip: str = NODE_IP):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -159,6 +162,8 @@ class PodNetworkController:
         self.proxy = ClusterProxy(network.router, (POD_CIDR, SERVICE_CIDR),
                                   unix_path=cluster_proxy_socket(network.state_dir), tcp_port=proxy_tcp_port,
                                   resolve=self._resolve)
+        self.nodeports = NodePortForwarder(network.router, node_ip=node_ip, source_ip=ROUTER_IP,
+                                           allowed=(SERVICE_CIDR,))
 
     @property
     def recheck_established(self) -> bool:
@@ -177,6 +182,7 @@ class PodNetworkController:
         self.network.open()
         self.network.start_dns()
         self.proxy.start()
+        self.nodeports.start()
         self._stop.clear()
         self._last.clear()  # a fresh DNS server and maybe a rebuilt router: apply everything
         self.state.changed.set()  # first apply even with nothing fed yet
@@ -199,7 +205,7 @@ class PodNetworkController:
     def threads(self) -> list[threading.Thread]:
         """Live threads of this controller, DNS included (what stop() must end)."""
         dns = self.network.dns.threads if self.network.dns else []
-        return [t for t in self._threads if t.is_alive()] + dns + self.proxy.threads
+        return [t for t in self._threads if t.is_alive()] + dns + self.proxy.threads + self.nodeports.threads
 
     def stop(self) -> None:
         """Stop watching, reconciling and serving DNS; rules stay as they are.  Safe to repeat."""
@@ -209,7 +215,9 @@ class PodNetworkController:
             for resp in self._responses.values():
                 _shutdown(resp)
         self.proxy.stop()
-        wait_for(lambda: [t.name for t in self._threads + self.proxy.threads if t.is_alive()],
+        self.nodeports.stop()
+        wait_for(lambda: [t.name for t in self._threads + self.proxy.threads + self.nodeports.threads
+                          if t.is_alive()],
                  lambda alive: not alive, timeout=PROCESS_EXIT, description="pod network controller threads to end",
                  interval=0.05)
         self._threads.clear()
@@ -269,12 +277,19 @@ class PodNetworkController:
         if filt.rules() != self._last.get("filter"):
             self.network.apply_table(filt)
             self._last["filter"] = filt.rules()
+        # After the nat table: a node port opens only once its cluster IP's DNAT is live.
+        node_ports = compile_node_ports(services, endpoints)
+        if node_ports != self._last.get("nodeports") or self.nodeports.errors:
+            self.nodeports.update(node_ports)
+            self._last["nodeports"] = node_ports
         self.applied_generation = generation
         return generation
 
     def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
-            self.state.changed.wait()  # set by every change, and by stop()
+            # Set by every change, and by stop(); a node port another program
+            # held is tried again after RETRY_S even without one.
+            self.state.changed.wait(RETRY_S if self.nodeports.errors else None)
             if self._stop.is_set():
                 return
             self._stop.wait(self.debounce_s)  # let a burst of events land first

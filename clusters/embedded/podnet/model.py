@@ -24,6 +24,7 @@ class ServicePort:
     port: int
     protocol: str = "TCP"
     target_port: int | str | None = None
+    node_port: int | None = None  # allocated by the API server for type NodePort/LoadBalancer
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class Service:
         meta, spec = _meta(obj), obj.get("spec") or {}
         ip = spec.get("clusterIP")
         headless = ip == "None"
-        ports = tuple(ServicePort(p.get("name") or "", int(p["port"]), p.get("protocol") or "TCP", p.get("targetPort"))
+        ports = tuple(ServicePort(p.get("name") or "", int(p["port"]), p.get("protocol") or "TCP", p.get("targetPort"),
+                                  int(p["nodePort"]) if p.get("nodePort") else None)
                       for p in spec.get("ports") or [])
         return cls(meta.get("namespace") or "default", meta["name"], None if headless or not ip else ip, ports,
                    spec.get("type") or "ClusterIP", headless)

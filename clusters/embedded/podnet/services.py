@@ -17,15 +17,19 @@ A service without ready endpoints gets no rule either; the router's ``local``
 route for the service range then delivers the packet to the router itself,
 where nothing listens, so the client's connect fails at once with "Connection
 refused", as with kube-proxy's REJECT.
-Not done: sessionAffinity ClientIP, NodePort/LoadBalancer, externalIPs,
-internalTrafficPolicy, terminating-endpoint fallback.
+NodePort (and a LoadBalancer's node ports) is not a rule here: the machine's
+root namespace, where ``<node address>:<nodePort>`` lives, gets no iptables
+rules, so :mod:`.nodeports` forwards those ports in userspace to the cluster IP
+whose chains are compiled here.
+Not done: sessionAffinity ClientIP, load-balancer addresses, externalIPs,
+internalTrafficPolicy, externalTrafficPolicy Local, terminating-endpoint fallback.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from clusters.embedded.podnet.iptables import PREFIX, Table, chain_name, comment
-from clusters.embedded.podnet.model import Endpoint, Service
+from clusters.embedded.podnet.model import Endpoint, Service, ServicePort
 
 SERVICES = f"{PREFIX}SERVICES"
 POSTROUTING = f"{PREFIX}POSTROUTING"
@@ -48,6 +52,16 @@ def _proto_match(protocol: str, port: int | None = None) -> str:
     return f"-p {proto} -m {proto} --dport {port}"
 
 
+def ready_endpoints(port: ServicePort, endpoints: list[Endpoint]) -> dict[str, int]:
+    """Ready endpoint address -> target port for one service ``port`` (its EndpointSlice port of the same name)."""
+    key = (port.name, port.protocol)
+    seen: dict[str, int] = {}
+    for ep in endpoints:
+        if ep.ready and key in ep.ports:
+            seen.setdefault(ep.ip, ep.ports[key])
+    return seen
+
+
 def compile_services(services: list[Service], endpoints: Mapping[tuple[str, str], list[Endpoint]], *,
                      snat_ip: str) -> Table:
     """The nat table's ``RAYPROOF-*`` chains for ``services`` and their ready ``endpoints``.
@@ -66,11 +80,7 @@ def compile_services(services: list[Service], endpoints: Mapping[tuple[str, str]
             continue
         eps = endpoints.get((svc.namespace, svc.name), [])
         for port in svc.ports:
-            key = (port.name, port.protocol)
-            seen: dict[str, int] = {}
-            for ep in eps:
-                if ep.ready and key in ep.ports:
-                    seen.setdefault(ep.ip, ep.ports[key])
+            seen = ready_endpoints(port, eps)
             if not seen:
                 continue
             label = f"{svc.namespace}/{svc.name}:{port.name or port.port}"
