@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from benchmarks import machine
-from tests.runtime.training import lost_work, start_training
-from fixtures import timeouts
 from fixtures.local_ray import LocalRayCluster
+from rayproof import timeouts
+from tests.runtime.training import lost_work, start_training
 
 STEPS = 40
 CHECKPOINT_EVERY = 5

@@ -1,6 +1,6 @@
 """RayJob actions and probes the experiments share: submit one, wait for a state.
 
-Waits go through :func:`fixtures.waiting.wait_for` with ``within_s`` as a
+Waits go through :func:`rayproof.waiting.wait_for` with ``within_s`` as a
 named bound, and return what was last observed with the elapsed time, so the
 experiment journal records the outcome either way.
 """
@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 from chaos import _kube
-from fixtures import manifests as mf
-from fixtures.timeouts import CONTROLLER_RECONCILE, Tier
-from fixtures.waiting import WaitTimeout, wait_for
+from rayproof import kueue
+from rayproof.timeouts import CONTROLLER_RECONCILE, Tier
+from rayproof.waiting import WaitTimeout, wait_for
 
 # What each named state means on a RayJob's status (and its Kueue Workload).
 STATES = {
@@ -43,8 +43,8 @@ def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any], context: str
 def workloads_of(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> list[dict[str, Any]]:
     """The Kueue Workloads owned by RayJob ``rayjob``."""
     items = _kube.custom(kubeconfig, context).list_namespaced_custom_object(
-        mf.KUEUE, mf.KUEUE_VERSION, namespace, "workloads").get("items", [])
-    return mf.owned_by_rayjob(items, rayjob)
+        kueue.GROUP, kueue.VERSION, namespace, "workloads").get("items", [])
+    return kueue.owned_by_rayjob(items, rayjob)
 
 
 def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float,
@@ -69,9 +69,9 @@ def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s:
                             if c["type"] == "Evicted" and c["status"] == "True"), None)
         if not queue_checked and time.monotonic() - began >= CONTROLLER_RECONCILE.seconds and not STATES[state](st):
             queue_checked = True
-            if mf.QUEUE_LABEL in (job["metadata"].get("labels") or {}) \
+            if kueue.QUEUE_LABEL in (job["metadata"].get("labels") or {}) \
                     and not workloads_of(kubeconfig, namespace, name, context):
-                cause = mf.unmanaged_rayjob(namespace, name, CONTROLLER_RECONCILE.seconds)
+                cause = kueue.unmanaged_rayjob(namespace, name, CONTROLLER_RECONCILE.seconds)
         return st
 
     try:

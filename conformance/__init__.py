@@ -1,19 +1,5 @@
 """The conformance clauses: each test is one clause with an id and a MUST.
 
-:func:`catalogue` lists every clause id a full certification runs, read from
-the clause marks of the test files without importing them, so a report can
-tell a complete run from a subset offline (``tests/test_plugin_and_cli.py``
-checks it against what pytest collects).
+The catalogue of clause ids is read from these files by
+:func:`rayproof.catalogue.catalogue`.
 """
-from __future__ import annotations
-
-import re
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-_CLAUSE_MARK = re.compile(r'^@pytest\.mark\.clause\(\s*"([^"]+)"\s*\)', re.MULTILINE)
-
-
-def catalogue() -> list[str]:
-    """Every clause id under ``conformance/``, sorted."""
-    return sorted({cid for path in HERE.rglob("test_*.py") for cid in _CLAUSE_MARK.findall(path.read_text())})

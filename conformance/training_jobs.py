@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from fixtures import manifests as mf
-from fixtures import timeouts
 from fixtures.events import parse_events
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 
 def training_rayjob(lab: Any, namespace: str, name: str, *, workers: int = 2, steps: int = 12,

@@ -89,8 +89,7 @@ def target_rows(target: dict | None) -> dict[str, str]:
 
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
-    from conformance import profile as profile_mod
-    from fixtures import janitor
+    from rayproof import processes, profile as profile_mod
     from reports import summary as summary_mod
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
@@ -111,7 +110,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
     began = time.monotonic()
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so a platform this
     # run brought up comes down again.
-    previous = signal.signal(signal.SIGTERM, janitor.unwind_on_sigterm)
+    previous = signal.signal(signal.SIGTERM, processes.unwind_on_sigterm)
     try:
         target = _open_certified_cluster(args, profile)
         if isinstance(target, int):
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", help="only clauses matching this pytest -k expression")
     p.add_argument("--kubeconfig", help="certify the existing cluster of this kubeconfig (default: the embedded platform)")
     p.add_argument("--context", help="kubeconfig context (default: its current context)")
-    p.add_argument("--profile", help="certification profile YAML merged over conformance/profile.yaml")
+    p.add_argument("--profile", help="certification profile YAML merged over rayproof/profile.yaml")
     p.add_argument("--platform-name", help="embedded platform: its name (default: default)")
     p.add_argument("--platform-profile", help="embedded platform: its platform profile YAML")
     p.set_defaults(func=cmd_certify)

@@ -13,10 +13,10 @@ import pytest
 
 from chaos import rayjob, straggler
 from chaos.runner import EXPERIMENTS
-from conformance import profile as profile_mod
-from fixtures import golden
-from fixtures import manifests as mf
-from fixtures.timeouts import Tier
+from fixtures import golden, manifests as mf
+from rayproof import kueue
+from rayproof import profile as profile_mod
+from rayproof.timeouts import Tier
 
 
 def test_default_profile_is_valid() -> None:
@@ -86,7 +86,7 @@ def test_straggler_moves_one_replica_into_a_delayed_group() -> None:
     assert "sleep 40.0" in init["command"][-1]
     assert mf.worker_count(job["spec"]["rayClusterSpec"]) == 3
     # the gang Kueue sees is unchanged: same pods, same resources
-    assert job["metadata"]["labels"][mf.QUEUE_LABEL] == "team"
+    assert job["metadata"]["labels"][kueue.QUEUE_LABEL] == "team"
 
 
 def test_permanent_straggler_has_an_unpullable_image_and_original_is_untouched() -> None:
@@ -136,8 +136,8 @@ class _FakeCustomApi:
 
 
 @pytest.mark.parametrize("labels, workloads, early", [
-    ({mf.QUEUE_LABEL: "q"}, [], True),  # queued, no Workload: Kueue does not manage RayJobs
-    ({mf.QUEUE_LABEL: "q"}, [{"metadata": {"ownerReferences": [{"kind": "RayJob", "name": "j"}]}}], False),
+    ({kueue.QUEUE_LABEL: "q"}, [], True),  # queued, no Workload: Kueue does not manage RayJobs
+    ({kueue.QUEUE_LABEL: "q"}, [{"metadata": {"ownerReferences": [{"kind": "RayJob", "name": "j"}]}}], False),
     ({}, [], False),  # not queued: nothing to expect of Kueue
 ])
 def test_waiting_on_a_queued_rayjob_without_a_workload_ends_early_naming_the_cause(monkeypatch, labels, workloads,

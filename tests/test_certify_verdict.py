@@ -16,11 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fixtures import timeouts
 from fixtures.kube import OWNER_ANNOTATION, TEST_LABEL
-from fixtures.timeouts import Tier
-from fixtures.waiting import wait_for
-from rayproof import cli
+from rayproof import cli, timeouts
+from rayproof.timeouts import Tier
+from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

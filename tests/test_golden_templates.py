@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance import profile as profile_mod
 from fixtures import golden
-from fixtures import manifests as mf
+from rayproof import kueue
+from rayproof import profile as profile_mod
 
 GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"
 
@@ -70,7 +70,7 @@ def test_filling_in_sets_only_what_a_team_sets() -> None:
     fields = golden.suite_set_fields(p.templates["rayJob"], job)
     assert not golden.platform_fields(fields), fields
     assert "metadata.name" in fields and "spec.entrypoint" in fields and "spec.suspend" in fields
-    assert f"metadata.labels.{mf.QUEUE_LABEL}" in fields and f"metadata.labels.{mf.PRIORITY_LABEL}" in fields
+    assert f"metadata.labels.{kueue.QUEUE_LABEL}" in fields and f"metadata.labels.{kueue.PRIORITY_LABEL}" in fields
     assert "spec.rayClusterSpec.workerGroupSpecs[workers].replicas" in fields
     assert "spec.rayClusterSpec.headGroupSpec.template.spec.containers[ray-head].env[PYTHONPATH]" in fields
     assert f"spec.rayClusterSpec.headGroupSpec.template.spec.volumes[{golden.WORKLOADS_VOLUME}]" in fields

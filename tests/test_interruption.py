@@ -13,9 +13,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from fixtures import janitor, netns, timeouts
+from fixtures import janitor, netns
 from fixtures.local_ray import new_run_id
-from fixtures.waiting import wait_for
+from rayproof import processes, timeouts
+from rayproof.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,11 +44,12 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
     session = _session(tmp_path, f"""
         import os, pathlib, signal, subprocess
         from fixtures import janitor, netns
+        from rayproof import processes
 
         def test_worker_dies_holding_a_local_run():
             run_dir = janitor.TMP / "rayproof-{run}"
             run_dir.mkdir()
-            janitor.write_owner(run_dir)
+            processes.write_owner(run_dir)
             host = netns.Network("{run}").open().add_host("n")
             sleeper = subprocess.Popen(host.prefix() + ["sleep", "600"])
             pathlib.Path(os.environ["RP_OUT"], "sleeper").write_text(str(sleeper.pid))
@@ -59,7 +61,7 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
         output = _stop(session)
         sleeper = int((tmp_path / "sleeper").read_text())
         assert "swept: run " + run in output, output
-        wait_for(lambda: janitor._alive(sleeper), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
+        wait_for(lambda: processes.alive(sleeper), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
                  description=f"the killed worker's process {sleeper} to be gone")
         assert not run_dir.exists(), output
         assert netns.list_namespaces(f"rayproof-{run}-") == [], output
@@ -74,9 +76,9 @@ def test_a_nested_session_is_stopped_when_the_process_that_started_it_dies(tmp_p
     """A self-test's clause run outliving its killed worker would go on against a platform that is gone."""
     child = f"""
 import os, pathlib, signal, threading
-from fixtures import janitor
-signal.signal(signal.SIGTERM, janitor.unwind_on_sigterm)
-janitor.die_with_parent(int(os.environ[janitor.DIE_WITH_PARENT_ENV]))
+from rayproof import processes
+signal.signal(signal.SIGTERM, processes.unwind_on_sigterm)
+processes.die_with_parent(int(os.environ[processes.DIE_WITH_PARENT_ENV]))
 try:
     print("armed", os.getpid(), flush=True)  # inside the try: the parent may be killed the moment this is read
     threading.Event().wait(600)  # a long clause run
@@ -85,7 +87,7 @@ except KeyboardInterrupt:
 """
     parent = f"""
 import os, subprocess, sys
-subprocess.Popen([sys.executable, "-c", {child!r}], env={{**os.environ, "{janitor.DIE_WITH_PARENT_ENV}": str(os.getpid())}})
+subprocess.Popen([sys.executable, "-c", {child!r}], env={{**os.environ, "{processes.DIE_WITH_PARENT_ENV}": str(os.getpid())}})
 sys.stdin.read()
 """
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -98,11 +100,11 @@ sys.stdin.read()
         nested = int(pid)
         starter.kill()  # as a worker is killed: no cleanup of its own
         starter.wait(timeout=timeouts.PROCESS_EXIT.seconds)
-        wait_for(lambda: janitor._alive(nested), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
+        wait_for(lambda: processes.alive(nested), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
                  description=f"the nested process {nested} to stop after its parent died")
         assert (tmp_path / "unwound").exists(), "it was stopped, but did not unwind"
     finally:
         if starter.poll() is None:
             starter.kill()
-        if nested is not None and janitor._alive(nested):
+        if nested is not None and processes.alive(nested):
             os.kill(nested, 9)

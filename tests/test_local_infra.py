@@ -9,11 +9,12 @@ import threading
 import psutil
 import pytest
 
-from fixtures import janitor, netns, timeouts
-from fixtures.cgroups import MemoryCgroup
+from fixtures import janitor, netns
 from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
-from fixtures.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
-from fixtures.waiting import wait_for
+from rayproof import processes, timeouts
+from rayproof.cgroups import MemoryCgroup
+from rayproof.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
+from rayproof.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
          "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); [s.accept()[0].close() for _ in iter(int, 1)]"
@@ -93,7 +94,7 @@ def test_janitor_cleans_an_orphaned_run_and_leaves_live_ones(tmp_path):
     live_run = new_run_id()
     live_dir = janitor.TMP / f"rayproof-{live_run}"
     live_dir.mkdir()
-    janitor.write_owner(live_dir)
+    processes.write_owner(live_dir)
     try:
         assert run in janitor.orphaned_runs()
         assert live_run not in janitor.orphaned_runs()
@@ -165,7 +166,7 @@ def test_platform_left_by_a_dead_test_session_is_orphaned_and_one_from_rayproof_
     platform.run_dir.mkdir()
     assert not is_orphaned(platform), "no users recorded: brought up by `rayproof up`, never taken down by a session"
     users = platform.run_dir / "users"
-    janitor.join_users(users)
+    processes.join_users(users)
     assert not is_orphaned(platform), "its session (this process) is alive"
     (users / "999999999").write_text("1.0")
     (users / str(os.getpid())).write_text("1.0")  # this PID, but not this process (a recycled PID)
@@ -183,7 +184,7 @@ def test_the_last_session_to_leave_a_shared_platform_takes_it_down(tmp_path, mon
     monkeypatch.setattr(platform, "_teardown", lambda: torn_down.append(True) or ["stopped"])
     other = subprocess.Popen(["sleep", "600"])
     try:
-        janitor.join_users(platform.run_dir / "users")
+        processes.join_users(platform.run_dir / "users")
         (platform.run_dir / "users" / str(other.pid)).write_text(str(psutil.Process(other.pid).create_time()))
         assert platform.leave() == [] and not torn_down, "another session still uses it"
         assert platform.session_users() == [other.pid]

@@ -63,24 +63,24 @@ def test_report_command_rebuilds_summary_without_a_cluster(tmp_path, capsys):
 
 
 def test_the_catalogue_is_every_clause_pytest_collects_from_conformance(pytester):
-    import conformance
+    from rayproof.catalogue import CONFORMANCE, catalogue
 
     pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
-    result = pytester.runpytest(str(conformance.HERE), "--collect-only", "-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest(str(CONFORMANCE), "--collect-only", "-q", "-p", "no:cacheprovider")
     collected = {line.split("::")[-1] for line in result.outlines if "::test_" in line}
-    assert len(collected) == len(conformance.catalogue()) == 16, (collected, conformance.catalogue())
-    assert not [cid for cid in conformance.catalogue() if cid.startswith("WL-")], "the runtime tier is not certified"
+    assert len(collected) == len(catalogue()) == 16, (collected, catalogue())
+    assert not [cid for cid in catalogue() if cid.startswith("WL-")], "the runtime tier is not certified"
 
 
 def test_results_record_the_catalogue_and_changed_bounds(pytester, monkeypatch):
-    import conformance
+    from rayproof.catalogue import catalogue
 
     monkeypatch.setenv("RAYPROOF_TIMEOUT_TRAINING_RUN", "900")
     _suite(pytester, CLAUSE_OK)
     out = pytester.path / "results.json"
     pytester.runpytest("conformance", f"--rayproof-results={out}").assert_outcomes(passed=1, skipped=1)
     payload = json.loads(out.read_text())
-    assert payload["catalogue"] == conformance.catalogue()
+    assert payload["catalogue"] == catalogue()
     assert payload["timeout_overrides"] == {"RAYPROOF_TIMEOUT_TRAINING_RUN": "900"}
     assert payload["profile_outside_ranges"] == [], "the default profile's promises are in range"
 

@@ -40,8 +40,8 @@ from clusters.embedded.controlplane import (
     http_get,
     write_kubeconfig,
 )
-from fixtures import timeouts
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 KUEUE_NAMESPACE = "kueue-system"
 FIELD_MANAGER = "rayproof-embedded"

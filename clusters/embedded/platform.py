@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from clusters.embedded import build
-from clusters.embedded import pki as pki_mod
+from clusters.embedded import build, pki as pki_mod
 from clusters.embedded.addons import ADDON_PROCESSES, Addons
 from clusters.embedded.controlplane import (
     PROCESS_ORDER,
@@ -47,8 +46,8 @@ from clusters.embedded.controlplane import (
     listening_ports,
 )
 from clusters.embedded.profile import Profile, load_profile
-from fixtures import timeouts
-from fixtures.waiting import WaitTimeout, wait_for
+from rayproof import timeouts
+from rayproof.waiting import WaitTimeout, wait_for
 
 DEFAULT_NAME = "default"
 BASELINE = Path(__file__).resolve().parent / "baseline.yaml"
@@ -256,7 +255,7 @@ class EmbeddedPlatform:
     def session_users(self) -> list[int]:
         """PIDs of the live test sessions using a platform that a test session
         brought up (none for one brought up by ``rayproof up``)."""
-        from fixtures.janitor import live_pids_in
+        from rayproof.processes import live_pids_in
 
         return live_pids_in(self._users_dir)
 
@@ -276,7 +275,7 @@ class EmbeddedPlatform:
         the logs) is kept for diagnosis with phase ``failed``, and the error
         is raised; the next ``up`` or ``down`` clears it.
         """
-        from fixtures.janitor import join_users
+        from rayproof.processes import join_users
 
         with self._locked():
             binaries = self.binaries()
@@ -346,7 +345,7 @@ class EmbeddedPlatform:
     def leave(self) -> list[str]:
         """This session stops using the platform; the last live user of a
         platform a session brought up takes it down. Returns what was done."""
-        from fixtures.janitor import leave_users
+        from rayproof.processes import leave_users
 
         if not self.run_dir.parent.is_dir():
             return []

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 from fixtures import manifests as mf
 from fixtures.kube import condition
+from rayproof import kueue
 
 GPU = "nvidia.com/gpu"
 FINISHED = ("Complete", "Failed")
@@ -97,7 +98,7 @@ def gang_of(rayjob: dict[str, Any]) -> dict[str, Any]:
 
 def cluster_queue_usage(lab: Any, name: str) -> dict[str, Any]:
     queue = lab.custom.get_cluster_custom_object(  # platform-owned-ok: read only
-        mf.KUEUE, mf.KUEUE_VERSION, "clusterqueues", name)
+        kueue.GROUP, kueue.VERSION, "clusterqueues", name)
     status = queue.get("status") or {}
     gpus = sum(quantity(r.get("total")) for f in status.get("flavorsReservation") or [] for r in f.get("resources") or []
                if r.get("name") == GPU)

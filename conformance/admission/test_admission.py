@@ -11,10 +11,10 @@ from chaos import runner, straggler
 from conformance.admission.sampling import FINISHED, Sampler, compact, gang_of, gang_violations
 from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
-from fixtures import timeouts
 from fixtures.events import parse_events
-from fixtures.timeouts import Tier
-from fixtures.waiting import WaitTimeout, wait_for
+from rayproof import timeouts
+from rayproof.timeouts import Tier
+from rayproof.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 

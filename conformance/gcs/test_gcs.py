@@ -14,13 +14,12 @@ import pytest
 import yaml
 
 from chaos import runner
-from fixtures import golden
-from fixtures import manifests as mf
-from fixtures import timeouts
+from fixtures import golden, manifests as mf
 from fixtures.events import parse_events
 from fixtures.kube import condition
-from fixtures.timeouts import Tier
-from fixtures.waiting import WaitTimeout, wait_for
+from rayproof import timeouts
+from rayproof.timeouts import Tier
+from rayproof.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 

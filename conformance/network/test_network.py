@@ -15,9 +15,9 @@ from conformance.training_jobs import (
     require_timeout_within,
     training_rayjob,
 )
-from fixtures import timeouts
 from fixtures.plugin import NOT_APPLICABLE
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,12 @@ import pytest
 
 from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
-from fixtures import timeouts
 from fixtures.exposure import exposed_endpoints, probe_endpoints
 from fixtures.netprobe import ray_join_attempt, ray_nodes_seen_from
-from fixtures.timeouts import Tier
-from fixtures.waiting import WaitTimeout, wait_for
+from rayproof import kueue
+from rayproof import timeouts
+from rayproof.timeouts import Tier
+from rayproof.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
             "ray.io", "v1", ns, "rayclusters").get("items", []) if c["metadata"]["name"] == cluster]
         pods = [p.metadata.name for p in lab.pods(ns, f"ray.io/cluster={cluster}")]
         cq_obj = lab.custom.get_cluster_custom_object(  # platform-owned-ok: read only, the quota it reserves
-            mf.KUEUE, mf.KUEUE_VERSION, "clusterqueues", cq)
+            kueue.GROUP, kueue.VERSION, "clusterqueues", cq)
         return {"rayclusters": clusters, "pods": pods, "gpus_reserved": _gpu_reserved(cq_obj)}
 
     # Waits a little past the bound, so a teardown just over it is measured, not just flagged.

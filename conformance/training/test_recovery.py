@@ -14,8 +14,8 @@ from conformance.training_jobs import (
     training_rayjob,
     wait_settled_checkpoint,
 )
-from fixtures import timeouts
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

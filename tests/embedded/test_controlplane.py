@@ -24,12 +24,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters.embedded import build
-from clusters.embedded.controlplane import PROCESS_ORDER, listening_ports
 from clusters.embedded.addons import ADDON_PROCESSES
-from fixtures.netns import list_namespaces
+from clusters.embedded.controlplane import PROCESS_ORDER, listening_ports
 from clusters.embedded.platform import NODE_LAYER_PROCESSES, EmbeddedPlatform
-from fixtures import timeouts
-from fixtures.waiting import wait_for
+from fixtures.netns import list_namespaces
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

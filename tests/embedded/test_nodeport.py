@@ -21,9 +21,9 @@ from clusters.embedded.podnet import (NODE_IP, POD_NETWORK_SYNC, ROUTER_IP, Endp
                                       NodePortTarget, PodAttachment, PodNetworkController, Service, ServicePort,
                                       check_available, compile_node_ports)
 from clusters.embedded.podnet import _host
-from fixtures import timeouts
 from fixtures.exposure import exposed_endpoints, probe_endpoints
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 CONNECT_TIMEOUT_S = 1.0  # socket timeout of one connection on loopback and veths
 

@@ -17,8 +17,8 @@ from kubernetes import client
 
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
-from fixtures import timeouts
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

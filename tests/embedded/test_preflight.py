@@ -11,9 +11,8 @@ import yaml
 from kubernetes import client, config
 
 from clusters import preflight as pf
-from conformance import profile as profile_mod
-from fixtures import timeouts
-from fixtures.waiting import wait_for
+from rayproof import profile as profile_mod, timeouts
+from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -5,10 +5,10 @@ import sys
 import time
 from pathlib import Path
 
-from fixtures import timeouts
 from fixtures.events import EventLog
 from fixtures.local_ray import DASHBOARD_PORT, SERVE_PORT, LocalRayCluster
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 APP = "classifier"
 CONFIG = Path(__file__).resolve().parents[2] / "workloads" / "serve_config.yaml"

@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from fixtures import timeouts
 from fixtures.events import EventLog
 from fixtures.local_ray import LocalRayCluster
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 HEAD_MEMORY_LIMIT = 1536 * 2**20  # the head container's limit
 PRESSURE_TARGET = 4 * HEAD_MEMORY_LIMIT

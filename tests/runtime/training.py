@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fixtures import timeouts
 from fixtures.events import EventLog
 from fixtures.local_ray import LocalRayCluster
-from fixtures.waiting import wait_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
 
 
 @dataclass

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from clusters.embedded.target import EmbeddedTarget
-from fixtures import janitor
-from fixtures.timeouts import Tier
+from rayproof import processes
+from rayproof.timeouts import Tier
 
 # The self-test modules that start platforms of their own share one xdist
 # group: one worker starts and takes down those platforms one module at a
@@ -42,7 +42,7 @@ def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platfo
     if platform_profile is not None:
         argv += ["--platform-profile", str(platform_profile)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds,
-                          env={**os.environ, janitor.DIE_WITH_PARENT_ENV: str(os.getpid())})
+                          env={**os.environ, processes.DIE_WITH_PARENT_ENV: str(os.getpid())})
     (tmp_path / "run.log").write_text(proc.stdout + proc.stderr)
     assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from clusters.embedded.nodeagent import catalog
-from clusters.embedded.nodeagent import state as st
+from clusters.embedded.nodeagent import catalog, state as st
 from clusters.embedded.nodeagent.containers import Runtime
 from clusters.embedded.nodeagent.events import EventRecorder
 from clusters.embedded.nodeagent.kube import ApiError, KubeClient, load_kubeconfig
@@ -32,8 +31,8 @@ from clusters.embedded.nodeagent.pods import NodeContext, PodNetworkLike, PodWor
 from clusters.embedded.nodeagent.provisioner import DirectoryProvisioner
 from clusters.embedded.nodeagent.registration import NodeRegistration
 from clusters.embedded.profile import Profile, load_profile
-from fixtures import timeouts
-from fixtures.waiting import WaitTimeout, wait_for
+from rayproof import timeouts
+from rayproof.waiting import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 

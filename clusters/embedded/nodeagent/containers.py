@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fixtures import timeouts
-from fixtures.cgroups import CgroupUnavailable, MemoryCgroup
-from fixtures.timeouts import Tier
-from fixtures.waiting import WaitTimeout, wait_for
 from clusters.embedded.nodeagent import state as st
+from rayproof import timeouts
+from rayproof.cgroups import CgroupUnavailable, MemoryCgroup
+from rayproof.timeouts import Tier
+from rayproof.waiting import WaitTimeout, wait_for
 
 SHIM = Path(__file__).resolve().parent / "shim.py"
 START_ERROR_EXIT = 128

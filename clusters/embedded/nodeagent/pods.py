@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from clusters.embedded.nodeagent import catalog, status as pod_status
-from clusters.embedded.nodeagent import state as st
+from clusters.embedded.nodeagent import catalog, state as st, status as pod_status
 from clusters.embedded.nodeagent.containers import ContainerInstance, LaunchSpec, Runtime
 from clusters.embedded.nodeagent.envvars import ContainerConfigError, command_line, container_env, service_env
 from clusters.embedded.nodeagent.events import EventRecorder
@@ -48,7 +47,7 @@ from clusters.embedded.nodeagent.kube import ApiError, KubeClient
 from clusters.embedded.nodeagent.probes import ProbeWorker, run_probe
 from clusters.embedded.nodeagent.resources import memory_limit_bytes
 from clusters.embedded.nodeagent.volumes import PodVolumes, VolumeError
-from fixtures.ray_agent import favour_dashboard_agent_while_starting
+from rayproof.ray_agent import favour_dashboard_agent_while_starting
 
 log = logging.getLogger(__name__)
 
@@ -641,7 +640,7 @@ class PodWorker:
         if img.entry == "ray" and inst.cgroup is not None:
             # This machine's cores are shared by every node, so a starting Ray
             # node can lose its raylet's fixed 15 s race with its dashboard
-            # agent (fixtures/ray_agent.py); the agent gets precedence inside
+            # agent (rayproof/ray_agent.py); the agent gets precedence inside
             # the container's own session until it has written its port.
             threading.Thread(target=favour_dashboard_agent_while_starting,
                              args=(inst.cgroup.pids, inst.dir / "tmp" / "ray", lambda: inst.running),

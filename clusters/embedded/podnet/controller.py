@@ -28,23 +28,22 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from fixtures.timeouts import PROCESS_EXIT, Tier
-from fixtures.waiting import wait_for
-
 from clusters.embedded.podnet.dns import build_zone
 from clusters.embedded.podnet.model import Namespace, Pod, Service, endpoints_from_slices
 from clusters.embedded.podnet.network import POD_CIDR, ROUTER_IP, SERVICE_CIDR, PodNetwork
 from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compile_node_ports
-from clusters.embedded.podnet.proxy import ClusterProxy
 from clusters.embedded.podnet.policy import PolicyError, compile_policies
+from clusters.embedded.podnet.proxy import ClusterProxy
 from clusters.embedded.podnet.services import compile_services
+from rayproof.timeouts import PROCESS_EXIT, Tier
+from rayproof.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
 KINDS = ("services", "endpointslices", "pods", "namespaces", "networkpolicies")
 
 # A change fed to the controller is compiled and applied (rules and DNS).
-# Belongs in fixtures/timeouts.py with the other tiers; kept here until the
+# Belongs in rayproof/timeouts.py with the other tiers; kept here until the
 # owner of that module moves it.
 POD_NETWORK_SYNC = Tier("pod_network_sync", 30, "a Service/Pod/NetworkPolicy change is live in the pod network")
 

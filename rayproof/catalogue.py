@@ -1,0 +1,18 @@
+"""The clause catalogue: every clause id a full certification runs.
+
+Read from the clause marks of the test files under ``conformance/`` without
+importing them, so a report can tell a complete run from a subset offline
+(``tests/test_plugin_and_cli.py`` checks it against what pytest collects).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance"
+_CLAUSE_MARK = re.compile(r'^@pytest\.mark\.clause\(\s*"([^"]+)"\s*\)', re.MULTILINE)
+
+
+def catalogue() -> list[str]:
+    """Every clause id under ``conformance/``, sorted."""
+    return sorted({cid for path in CONFORMANCE.rglob("test_*.py") for cid in _CLAUSE_MARK.findall(path.read_text())})
