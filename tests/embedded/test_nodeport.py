@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
-import threading
 import uuid
 from typing import Iterator
 
@@ -23,6 +22,7 @@ from clusters.embedded.podnet import (NODE_IP, POD_NETWORK_SYNC, ROUTER_IP, Endp
 from clusters.embedded.podnet import _host
 from fixtures.exposure import exposed_endpoints, probe_endpoints
 from rayproof import timeouts
+from tests.embedded.test_podnet import Listener
 from rayproof.waiting import wait_for
 
 CONNECT_TIMEOUT_S = 1.0  # socket timeout of one connection on loopback and veths
@@ -55,39 +55,6 @@ def test_forwarder_listens_only_on_loopback():
 
 
 # --- a controller fed by hand, real namespaces -------------------------------------------------
-
-class PeerEcho:
-    """A TCP server inside a pod namespace that greets with ``<pod key> <peer address>`` and echoes lines."""
-
-    def __init__(self, pod: PodAttachment, port: int):
-        self.pod = pod
-        self.sock = _host.in_netns(pod.netns, lambda: socket.create_server(("0.0.0.0", port)))
-        self.conns: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self._echo, args=(conn, peer[0]), daemon=True).start()
-
-    def _echo(self, conn: socket.socket, peer: str) -> None:
-        with contextlib.suppress(OSError):
-            conn.sendall(f"{self.pod.pod_key} {peer}\n".encode())
-            while data := conn.recv(4096):
-                conn.sendall(data)
-
-    def close(self) -> None:
-        for s in [self.sock, *self.conns]:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        self.thread.join()
-
 
 def _greeting(port: int) -> str:
     """The first line ``NODE_IP:port`` sends, or ``error: …``."""
@@ -134,7 +101,7 @@ def _feed(ctl: PodNetworkController, type_: str | None, node_port: int, ready: d
 
 def test_node_port_forwards_to_ready_endpoints_and_closes_when_gone(podnet):
     b, c = podnet.network.attach("default/b/uid-b"), podnet.network.attach("default/c/uid-c")
-    servers = [PeerEcho(b, 8000), PeerEcho(c, 8000)]
+    servers = [Listener(b, 8000, with_peer=True), Listener(c, 8000, with_peer=True)]
     port = _free_port()
     try:
         _feed(podnet, "NodePort", port, {b.ip: True, c.ip: True})
@@ -177,7 +144,7 @@ def test_node_port_forwards_to_ready_endpoints_and_closes_when_gone(podnet):
 
 def test_a_node_port_held_by_another_program_is_reported_then_served(podnet):
     b = podnet.network.attach("default/b/uid-b")
-    server = PeerEcho(b, 8000)
+    server = Listener(b, 8000, with_peer=True)
     holder = socket.create_server((NODE_IP, 0))
     port = holder.getsockname()[1]
     try:

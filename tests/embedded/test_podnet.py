@@ -284,10 +284,12 @@ def _require_root() -> None:
 
 
 class Listener:
-    """A TCP server on ``port`` inside a pod namespace that greets with the pod key and echoes lines."""
+    """A TCP server on ``port`` inside a pod namespace that greets with the pod key
+    (and, with ``with_peer``, the address the connection came from) and echoes lines."""
 
-    def __init__(self, pod: PodAttachment, port: int):
+    def __init__(self, pod: PodAttachment, port: int, with_peer: bool = False):
         self.pod = pod
+        self.with_peer = with_peer
         self.sock = _host.in_netns(pod.netns, lambda: socket.create_server(("0.0.0.0", port)))
         self.conns: list[socket.socket] = []
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -296,15 +298,16 @@ class Listener:
     def _serve(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
             self.conns.append(conn)
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._echo, args=(conn, peer[0]), daemon=True).start()
 
-    def _echo(self, conn: socket.socket) -> None:
+    def _echo(self, conn: socket.socket, peer: str) -> None:
+        greeting = f"{self.pod.pod_key} {peer}" if self.with_peer else self.pod.pod_key
         with contextlib.suppress(OSError):
-            conn.sendall(self.pod.pod_key.encode() + b"\n")
+            conn.sendall(greeting.encode() + b"\n")
             while data := conn.recv(4096):
                 conn.sendall(data)
 
