@@ -17,9 +17,8 @@ import pytest
 from kubernetes import client
 
 from clusters.embedded.podnet import (NODE_IP, POD_NETWORK_SYNC, ROUTER_IP, Endpoint, NodePortForwarder,
-                                      NodePortTarget, PodAttachment, PodNetworkController, Service, ServicePort,
+                                      NodePortTarget, PodNetworkController, Service, ServicePort,
                                       check_available, compile_node_ports)
-from clusters.embedded.podnet import _host
 from fixtures.exposure import exposed_endpoints, probe_endpoints
 from rayproof import timeouts
 from tests.embedded.test_podnet import Listener
