@@ -20,6 +20,9 @@ from rayproof.timeouts import Tier
 # time (their names are fixed; several at once would also crowd the machine),
 # beside the workers that run the clauses on the session's platform.
 PLATFORMS_GROUP = pytest.mark.xdist_group("selftest-platforms")
+# SEC-1 judges every Service of the cluster, and its self-test exposes one on
+# purpose: the clause and that self-test run in one xdist worker, one after the other.
+EXPOSURE_GROUP = pytest.mark.xdist_group("cluster-wide-exposure")
 
 REPO = Path(__file__).resolve().parents[2]
 # One clause run, platform start included, on two cores.
@@ -27,7 +30,7 @@ CLAUSE_RUN = Tier("selftest_clause_run", 1200, "one clause run in a subprocess")
 
 
 def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
-               platform_profile: Path | None = None) -> dict[str, Any]:
+               platform_profile: Path | str | None = None) -> dict[str, Any]:
     """Run one clause (``path::test``) as certify does; return its result row."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     results = tmp_path / "results.json"
