@@ -14,8 +14,7 @@ import pytest
 from chaos import rayjob, straggler
 from chaos.runner import EXPERIMENTS
 from fixtures import golden, manifests as mf
-from rayproof import kueue
-from rayproof import profile as profile_mod
+from rayproof import kueue, profile as profile_mod
 from rayproof.timeouts import Tier
 
 

@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from fixtures import golden
-from rayproof import kueue
-from rayproof import profile as profile_mod
+from rayproof import kueue, profile as profile_mod
 
 GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"
 

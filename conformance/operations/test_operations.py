@@ -12,8 +12,7 @@ from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures.exposure import exposed_endpoints, probe_endpoints
 from fixtures.netprobe import ray_join_attempt, ray_nodes_seen_from
-from rayproof import kueue
-from rayproof import timeouts
+from rayproof import kueue, timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
 
@@ -94,9 +93,6 @@ def _unauthenticated(probe: dict) -> str | None:
 
 
 @pytest.mark.clause("SEC-1")
-# SEC-1 judges every Service of the cluster; the suite's own self-test exposes one on purpose,
-# so the two run in one xdist worker, never side by side (tests/selftest/clause_runs.py).
-@pytest.mark.xdist_group("cluster-wide-exposure")
 def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None:
     """Ray's dashboard/Jobs API (8265), client port (10001) and GCS (6379)
     MUST NOT be reachable from outside the cluster without authentication: a

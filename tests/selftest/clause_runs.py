@@ -20,9 +20,6 @@ from rayproof.timeouts import Tier
 # time (their names are fixed; several at once would also crowd the machine),
 # beside the workers that run the clauses on the session's platform.
 PLATFORMS_GROUP = pytest.mark.xdist_group("selftest-platforms")
-# SEC-1 judges every Service of the cluster, and its self-test exposes one on
-# purpose: the clause and that self-test run in one xdist worker, one after the other.
-EXPOSURE_GROUP = pytest.mark.xdist_group("cluster-wide-exposure")
 
 REPO = Path(__file__).resolve().parents[2]
 # One clause run, platform start included, on two cores.

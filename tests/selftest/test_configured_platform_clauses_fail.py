@@ -15,33 +15,35 @@ ten minutes; or the storage class checkpoints go to. The rest
 because the suite itself still provisions those queues and policies as the
 profile says (issue 12: until the platform's own onboarding provides them).
 
-None of these changes needs a platform of its own: each clause run joins the
-session's embedded platform as any run does (as one of its users, holding
-shares of it while it runs; fixtures/sharing.py) and changes only what it
-creates. SEC-1 judges every Service of the cluster, and its self-test exposes
-one on purpose, so the two share an xdist group and never run side by side.
+None of these changes needs a platform of its own, yet they run on one (with
+the default settings), in the one xdist worker that runs the self-tests on
+platforms of their own: run beside the clauses on the session's platform, on
+two cores, they made it slow enough that Kueue evicted the gangs of other
+clauses by waitForPodsReady (measured: TRN-1's gang evicted four times in ten
+minutes, its head's container started 74 s after it was scheduled), and SEC-1,
+which judges every Service of the cluster, would see the NodePort its
+self-test exposes on purpose.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
 
-from tests.selftest.clause_runs import EXPOSURE_GROUP, expect_failure, run_clause
+from tests.selftest.clause_runs import PLATFORMS_GROUP, expect_failure, misconfigured_platform, run_clause
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, PLATFORMS_GROUP]
 
 GOLDEN = Path(__file__).resolve().parents[2] / "clusters" / "embedded" / "golden"
 TEMPLATE_FILES = {"rayJob": "rayjob.yaml", "rayCluster": "raycluster.yaml", "rayService": "rayservice.yaml"}
 
 
-@pytest.fixture
-def session_platform(request: pytest.FixtureRequest, target) -> tuple[str | None, str | None]:
-    """The session's embedded platform, as the nested clause run names it (nothing to clean up)."""
-    assert getattr(target, "platform", None) is not None, "the self-tests run on the embedded platform"
-    return request.config.getoption("--platform-name"), request.config.getoption("--platform-profile")
+@pytest.fixture(scope="module")
+def default_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Module scope; an embedded platform with the default settings; taken down at teardown."""
+    yield from misconfigured_platform(tmp_path_factory, "selftest-default", {})
 
 
 def _cluster(obj: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +104,7 @@ TEMPLATE_MUTATIONS = [
                  id="trn1-collective-timeout-left-at-ray-trains-default"),
     pytest.param(f"{OPS}::test_ray_dashboard_not_exposed_without_authentication",
                  "rayCluster", head_on_a_node_port, ("reachable from outside the cluster",),
-                 id="sec1-head-service-on-a-node-port", marks=EXPOSURE_GROUP),
+                 id="sec1-head-service-on-a-node-port"),
     pytest.param(f"{OPS}::test_finished_rayjob_cluster_is_torn_down",
                  "rayJob", finished_clusters_kept_ten_minutes, ("stayed held by an idle cluster",),
                  id="ops1-finished-clusters-kept-for-ten-minutes"),
@@ -115,10 +117,10 @@ TEMPLATE_MUTATIONS = [
 
 
 @pytest.mark.parametrize(("clause", "template", "change", "causes"), TEMPLATE_MUTATIONS)
-def test_clause_fails_on_a_changed_golden_template(session_platform, tmp_path, clause: str, template: str,
+def test_clause_fails_on_a_changed_golden_template(default_platform, tmp_path, clause: str, template: str,
                                                    change: Callable[[dict[str, Any]], None],
                                                    causes: tuple[str, ...]) -> None:
-    name, platform_profile = session_platform
+    name, platform_profile = default_platform
     row = run_clause(tmp_path, clause, profile=mutated_template(tmp_path / "golden", template, change),
                      platform=name, platform_profile=platform_profile)
     expect_failure(row, *causes)
@@ -155,8 +157,8 @@ PROFILE_DESCRIBED = [
 
 
 @pytest.mark.parametrize(("clause", "profile", "causes"), PROFILE_DESCRIBED)
-def test_clause_fails_where_the_profile_describes_the_platform_as_broken(session_platform, tmp_path, clause: str,
+def test_clause_fails_where_the_profile_describes_the_platform_as_broken(default_platform, tmp_path, clause: str,
                                                                        profile: dict, causes: tuple[str, ...]) -> None:
-    name, platform_profile = session_platform
+    name, platform_profile = default_platform
     row = run_clause(tmp_path, clause, profile=profile, platform=name, platform_profile=platform_profile)
     expect_failure(row, *causes)
