@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from clusters.embedded.target import EmbeddedTarget
-from rayproof import processes
+from rayproof import processes, timeouts
 from rayproof.timeouts import Tier
 
 # The self-test modules that start platforms of their own share one xdist
@@ -22,8 +22,18 @@ from rayproof.timeouts import Tier
 PLATFORMS_GROUP = pytest.mark.xdist_group("selftest-platforms")
 
 REPO = Path(__file__).resolve().parents[2]
+# How long a self-test's clause run may take to reach its fault. On two
+# cores, beside the clauses on the session's platform and the runtime tier,
+# the gang of a self-test's training was evicted twice by Kueue's 120 s
+# waitForPodsReady before its first checkpoint (TRN-1's self-test, this
+# machine, 2026-12-02: the process group formed 15 min after submission), so
+# its wait for a checkpoint (training_run, 600 s) ran out before the fault.
+# This sets only how long the run may take to get there, never what the
+# clause judges; the nested run is one of the suite's own tests, not a
+# certification.
+NESTED_TRAINING_RUN_S = 2 * timeouts.TRAINING_RUN.seconds
 # One clause run, platform start included, on two cores.
-CLAUSE_RUN = Tier("selftest_clause_run", 1200, "one clause run in a subprocess")
+CLAUSE_RUN = Tier("selftest_clause_run", NESTED_TRAINING_RUN_S + 600, "one clause run in a subprocess")
 
 
 def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
@@ -42,7 +52,8 @@ def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platfo
     if platform_profile is not None:
         argv += ["--platform-profile", str(platform_profile)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds,
-                          env={**os.environ, processes.DIE_WITH_PARENT_ENV: str(os.getpid())})
+                          env={"RAYPROOF_TIMEOUT_TRAINING_RUN": str(NESTED_TRAINING_RUN_S), **os.environ,
+                               processes.DIE_WITH_PARENT_ENV: str(os.getpid())})
     (tmp_path / "run.log").write_text(proc.stdout + proc.stderr)
     assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
