@@ -121,6 +121,15 @@ TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rayService": ("RayService", ("spec", "rayClusterConfig")),
 }
 TEMPLATE_FIELDS = tuple(f"templates.{key}" for key in TEMPLATES)
+_CLUSTER_AT = dict(TEMPLATES.values())
+
+
+def cluster_spec_in(obj: Mapping[str, Any]) -> Any:
+    """The RayCluster spec inside a RayJob, RayCluster or RayService (a template or one filled in)."""
+    node: Any = obj
+    for part in _CLUSTER_AT[obj["kind"]]:
+        node = node[part]
+    return node
 
 SCHEMA: dict[str, Any] = {
     "templates": {key: _path for key in TEMPLATES},
@@ -211,10 +220,7 @@ class CertificationProfile:
 
     def cluster_spec(self, template: str) -> Mapping[str, Any]:
         """The RayCluster spec inside golden template ``template`` (rayJob, rayCluster, rayService)."""
-        node: Any = self.templates[template]
-        for part in TEMPLATES[template][1]:
-            node = node[part]
-        return node
+        return cluster_spec_in(self.templates[template])
 
     def _worker(self) -> Mapping[str, Any]:
         return self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]

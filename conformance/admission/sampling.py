@@ -97,8 +97,8 @@ def gang_of(rayjob: dict[str, Any]) -> dict[str, Any]:
 
 
 def cluster_queue_usage(lab: Any, name: str) -> dict[str, Any]:
-    queue = lab.custom.get_cluster_custom_object(  # platform-owned-ok: read only
-        kueue.GROUP, kueue.VERSION, "clusterqueues", name)
+    queue = lab.custom.get_cluster_custom_object(
+        kueue.GROUP, kueue.VERSION, "clusterqueues", name)  # platform-owned-ok: read only
     status = queue.get("status") or {}
     gpus = sum(quantity(r.get("total")) for f in status.get("flavorsReservation") or [] for r in f.get("resources") or []
                if r.get("name") == GPU)

@@ -16,7 +16,7 @@ import yaml
 from chaos import runner
 from fixtures import golden, manifests as mf
 from fixtures.events import parse_events
-from fixtures.kube import condition
+from fixtures.kube import condition, pod_ready
 from rayproof import timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
@@ -54,10 +54,6 @@ def head_memory_bytes(obj: dict[str, Any]) -> int:
     return int(parse_quantity(golden.head_container(obj)["resources"]["limits"]["memory"]))
 
 
-def _pod_ready(pod: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 def head_sample(lab, ns: str, cluster: str) -> dict[str, Any]:
     """The head container of ``cluster``: restarts, last termination, Ready."""
     pods = [p for p in lab.pods(ns, f"ray.io/cluster={cluster},ray.io/node-type=head")
@@ -71,7 +67,7 @@ def head_sample(lab, ns: str, cluster: str) -> dict[str, Any]:
             "restarts": status.restart_count if status else None,
             "last_reason": last.reason if last else None, "last_exit_code": last.exit_code if last else None,
             "last_finished": last.finished_at.timestamp() if last and last.finished_at else None,
-            "running": bool(status and status.state and status.state.running), "ready": _pod_ready(pod)}
+            "running": bool(status and status.state and status.state.running), "ready": pod_ready(pod)}
 
 
 def pod_restarts(lab, ns: str) -> dict[str, Any]:

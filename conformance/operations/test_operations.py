@@ -11,6 +11,7 @@ import pytest
 from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures.exposure import exposed_endpoints, probe_endpoints
+from fixtures.kube import pod_ready
 from fixtures.netprobe import ray_join_attempt, ray_nodes_seen_from
 from rayproof import kueue, timeouts
 from rayproof.timeouts import Tier
@@ -46,8 +47,8 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
     name = lab.name("ops1")
     job = lab.rayjob(ns, name, mf.hold_entrypoint(5), queue="team")
     # The golden template's teardown settings, as the platform set them (never the suite).
-    evidence.record("template_teardown", {k: job["spec"].get(k) for k in ("shutdownAfterJobFinishes",
-                                                                          "ttlSecondsAfterFinished")})
+    teardown = ("shutdownAfterJobFinishes", "ttlSecondsAfterFinished")  # platform-owned-ok: read, recorded
+    evidence.record("template_teardown", {k: job["spec"].get(k) for k in teardown})
     lab.create_ray(ns, "rayjobs", job)
     status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
                              timeout=timeouts.RAYCLUSTER_READY, description="finished")
@@ -59,8 +60,8 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
         clusters = [c["metadata"]["name"] for c in lab.custom.list_namespaced_custom_object(
             "ray.io", "v1", ns, "rayclusters").get("items", []) if c["metadata"]["name"] == cluster]
         pods = [p.metadata.name for p in lab.pods(ns, f"ray.io/cluster={cluster}")]
-        cq_obj = lab.custom.get_cluster_custom_object(  # platform-owned-ok: read only, the quota it reserves
-            kueue.GROUP, kueue.VERSION, "clusterqueues", cq)
+        cq_obj = lab.custom.get_cluster_custom_object(
+            kueue.GROUP, kueue.VERSION, "clusterqueues", cq)  # platform-owned-ok: read only, the quota it reserves
         return {"rayclusters": clusters, "pods": pods, "gpus_reserved": _gpu_reserved(cq_obj)}
 
     # Waits a little past the bound, so a teardown just over it is measured, not just flagged.
@@ -107,10 +108,11 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence) -> None
     evidence.record("head_service_type", cluster["spec"]["headGroupSpec"].get("serviceType", "ClusterIP (default)"))
     lab.create_ray(ns, "rayclusters", cluster)
     # Probed once the head serves, so a Service exposing it has a ready endpoint to reach.
-    wait_for(lambda: lab.pods(ns, f"ray.io/cluster={name},ray.io/node-type=head"),
-             lambda pods: any(c.type == "Ready" and c.status == "True" for p in pods for c in p.status.conditions or []),
-             timeout=timeouts.RAYCLUSTER_READY, interval=2, description=f"the head of RayCluster {ns}/{name} to be Ready")
-    head_svc = [s for s in lab.core.list_namespaced_service(ns).items if (s.metadata.labels or {}).get("ray.io/cluster") == name]
+    wait_for(lambda: lab.pods(ns, f"ray.io/cluster={name},ray.io/node-type=head"), lambda pods: any(map(pod_ready, pods)),
+             timeout=timeouts.RAYCLUSTER_READY, interval=2,
+             description=f"the head of RayCluster {ns}/{name} to be Ready")
+    head_svc = [s for s in lab.core.list_namespaced_service(ns).items
+                if (s.metadata.labels or {}).get("ray.io/cluster") == name]
     evidence.record("head_services", [{"name": s.metadata.name, "type": s.spec.type,
                                        "ports": [p.port for p in s.spec.ports or []]} for s in head_svc])
     endpoints = evidence.record("exposed_endpoints", exposed_endpoints(lab.core, lab.net))
@@ -138,7 +140,7 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     with evidence.phase("team A's cluster"):
         lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster, workers=0))
         head = wait_for(lambda: [p for p in lab.pods(ns_a, f"ray.io/cluster={cluster},ray.io/node-type=head")
-                                 if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])],
+                                 if pod_ready(p)],
                         timeout=timeouts.RAYCLUSTER_READY, interval=2,
                         description=f"the head of RayCluster {ns_a}/{cluster} to be Ready")[0]
         service = next(s.metadata.name for s in lab.core.list_namespaced_service(ns_a).items

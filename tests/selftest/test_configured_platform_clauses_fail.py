@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import yaml
 
+from rayproof.profile import cluster_spec_in
 from tests.selftest.clause_runs import PLATFORMS_GROUP, expect_failure, misconfigured_platform, run_clause
 
 pytestmark = [pytest.mark.slow, PLATFORMS_GROUP]
@@ -46,13 +47,8 @@ def default_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     yield from misconfigured_platform(tmp_path_factory, "selftest-default", {})
 
 
-def _cluster(obj: dict[str, Any]) -> dict[str, Any]:
-    spec = obj["spec"]
-    return spec.get("rayClusterSpec") or spec.get("rayClusterConfig") or spec
-
-
 def _ray_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    cluster = _cluster(obj)
+    cluster = cluster_spec_in(obj)
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
     return [g["template"]["spec"]["containers"][0] for g in groups]
 
@@ -64,11 +60,11 @@ def without_tuned_collective_timeout(job: dict[str, Any]) -> None:
 
 
 def without_gcs_fault_tolerance(service: dict[str, Any]) -> None:
-    _cluster(service).pop("gcsFaultToleranceOptions")
+    cluster_spec_in(service).pop("gcsFaultToleranceOptions")
 
 
 def head_on_a_node_port(cluster: dict[str, Any]) -> None:
-    _cluster(cluster)["headGroupSpec"]["serviceType"] = "NodePort"
+    cluster_spec_in(cluster)["headGroupSpec"]["serviceType"] = "NodePort"
 
 
 def finished_clusters_kept_ten_minutes(job: dict[str, Any]) -> None:

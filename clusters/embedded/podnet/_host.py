@@ -19,6 +19,33 @@ _CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
 
 
+class Threads:
+    """Daemon threads of one component, tracked until each returns (its
+    ``alive`` list is what a caller waits on after stopping it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+
+    def spawn(self, target: Callable[..., None], *args: object) -> None:
+        t = threading.Thread(target=self._run, args=(target, *args), daemon=True, name=self.name)
+        with self._lock:
+            self._threads.add(t)
+        t.start()
+
+    def _run(self, target: Callable[..., None], *args: object) -> None:
+        try:
+            target(*args)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def alive(self) -> list[threading.Thread]:
+        with self._lock:
+            return [t for t in self._threads if t.is_alive()]
+
+
 class PodNetworkUnavailable(RuntimeError):
     """The pod network cannot be built here (not root, or iproute2/iptables missing)."""
 

@@ -38,7 +38,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from clusters.embedded.podnet import _host
 from clusters.embedded.podnet.model import Endpoint, Service
@@ -98,7 +98,7 @@ class NodePortForwarder:
         self._targets: dict[int, NodePortTarget] = {}
         self._listeners: dict[int, socket.socket] = {}
         self._open: set[socket.socket] = set()
-        self._threads: set[threading.Thread] = set()
+        self._threads = _host.Threads("podnet-nodeport")
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -110,8 +110,7 @@ class NodePortForwarder:
 
     @property
     def threads(self) -> list[threading.Thread]:
-        with self._lock:
-            return [t for t in self._threads if t.is_alive()]
+        return self._threads.alive()
 
     def start(self) -> "NodePortForwarder":
         self._stopping.clear()
@@ -134,7 +133,7 @@ class NodePortForwarder:
                     errors[port] = f"{self.node_ip}:{port} ({wanted[port].label}): {exc}"
                     continue
                 self._listeners[port] = listener
-                self._spawn(self._accept_loop, port, listener)
+                self._threads.spawn(self._accept_loop, port, listener)
         if errors and errors != self.errors:
             log.warning("node ports not served: %s", "; ".join(errors.values()))
         self.errors = errors
@@ -146,18 +145,6 @@ class NodePortForwarder:
         log.warning("node port of %s not served: cluster IP %s is outside %s", target.label, ip,
                     ", ".join(map(str, self.allowed)))
         return False
-
-    def _spawn(self, target: Callable[..., None], *args: object) -> None:
-        t = threading.Thread(target=self._run, args=(target, *args), daemon=True, name="podnet-nodeport")
-        self._threads.add(t)  # callers hold self._lock
-        t.start()
-
-    def _run(self, target: Callable[..., None], *args: object) -> None:
-        try:
-            target(*args)
-        finally:
-            with self._lock:
-                self._threads.discard(threading.current_thread())
 
     def _accept_loop(self, port: int, listener: socket.socket) -> None:
         while not self._stopping.is_set():
@@ -171,7 +158,7 @@ class NodePortForwarder:
                     _reset(conn)
                     continue
                 self._open.add(conn)
-                self._spawn(self._forward, conn, target)
+                self._threads.spawn(self._forward, conn, target)
 
     def _forward(self, client: socket.socket, target: NodePortTarget) -> None:
         upstream = None

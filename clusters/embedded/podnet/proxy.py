@@ -67,7 +67,7 @@ class ClusterProxy:
         self.resolve = resolve or (lambda name: None)
         self._listeners: list[socket.socket] = []
         self._open: set[socket.socket] = set()
-        self._threads: set[threading.Thread] = set()
+        self._threads = _host.Threads("podnet-proxy")
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -93,26 +93,12 @@ class ClusterProxy:
         if self.tcp_port is not None:
             self._listeners.append(socket.create_server(("127.0.0.1", self.tcp_port), backlog=128))
         for s in self._listeners:
-            self._spawn(self._accept_loop, s)
+            self._threads.spawn(self._accept_loop, s)
         return self
-
-    def _spawn(self, target: Callable[..., None], *args: object) -> None:
-        t = threading.Thread(target=self._run, args=(target, *args), daemon=True, name="podnet-proxy")
-        with self._lock:
-            self._threads.add(t)
-        t.start()
-
-    def _run(self, target: Callable[..., None], *args: object) -> None:
-        try:
-            target(*args)
-        finally:
-            with self._lock:
-                self._threads.discard(threading.current_thread())
 
     @property
     def threads(self) -> list[threading.Thread]:
-        with self._lock:
-            return [t for t in self._threads if t.is_alive()]
+        return self._threads.alive()
 
     def _track(self, s: socket.socket) -> None:
         with self._lock:
@@ -130,7 +116,7 @@ class ClusterProxy:
             except OSError:
                 return
             self._track(conn)
-            self._spawn(self._handle, conn)
+            self._threads.spawn(self._handle, conn)
 
     def _handle(self, client: socket.socket) -> None:
         upstream = None
