@@ -45,9 +45,9 @@ REQUIRED_ACCESS = (
     ("create", "ray.io", "rayservices", ""),
     ("list", "ray.io", "rayclusters", ""),
     ("list", "batch", "jobs", ""),
-    ("create", "kueue.x-k8s.io", "clusterqueues", ""),
-    ("delete", "kueue.x-k8s.io", "clusterqueues", ""),
-    ("create", "kueue.x-k8s.io", "localqueues", ""),
+    ("get", "kueue.x-k8s.io", "clusterqueues", ""),
+    ("get", "kueue.x-k8s.io", "localqueues", ""),
+    ("list", "networking.k8s.io", "networkpolicies", ""),
     ("list", "kueue.x-k8s.io", "workloads", ""),
 )
 
@@ -159,19 +159,12 @@ def _whoami(api: Any) -> str:
 
 
 def profile_problems(api: Any, profile: Any) -> list[str]:
-    """What the profile names that the cluster lacks (flavor, priority classes,
+    """What the profile names that the cluster lacks (priority classes,
     the checkpoint StorageClass or, when it names none, a default one)."""
     from kubernetes import client
 
     objs = client.CustomObjectsApi(api)
     problems = []
-    flavor = profile["kueue"]["resourceFlavor"]
-    try:
-        objs.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", flavor)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
-        problems.append(f"kueue.resourceFlavor: ResourceFlavor {flavor!r} does not exist")
     values = {}
     for level, name in profile["kueue"]["priorityClasses"].items():
         try:

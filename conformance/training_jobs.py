@@ -15,15 +15,16 @@ from rayproof.waiting import wait_for
 
 
 def training_rayjob(lab: Any, namespace: str, name: str, *, workers: int = 2, steps: int = 12,
-                    step_time_s: float = 0.0, max_failures: int = 0, queue: str | None = "team",
+                    step_time_s: float = 0.0, max_failures: int = 0,
                     priority_class: str | None = None, backoff_limit: int = 0, run_name: str | None = None,
                     checkpoint_every: int | None = None) -> dict[str, Any]:
     """The platform's golden RayJob running the FSDP training, one Ray Train
-    worker per worker pod, for ``namespace`` (not yet created)."""
+    worker per worker pod, for ``namespace`` (not yet created), queued to the
+    team's LocalQueue."""
     entry = mf.training_entrypoint(lab.profile, run_name or name, world_size=workers, steps=steps,
                                    step_time_s=step_time_s, max_failures=max_failures,
                                    checkpoint_every=checkpoint_every)
-    return lab.rayjob(namespace, name, entry, workers=workers, queue=queue, priority_class=priority_class,
+    return lab.rayjob(namespace, name, entry, workers=workers, queue=lab.queue, priority_class=priority_class,
                       backoff_limit=backoff_limit)
 
 

@@ -23,19 +23,17 @@ from rayproof.schema import (
     duration,
     int_range,
     load_layered,
-    one_of,
     optional,
     parse_duration,
     quantity,
 )
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
-NAMESPACE_ISOLATION = ("documented", "platform")
-RAY_CLUSTERS = ("perTeam", "shared")
-PREEMPTION_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 _MOUNT = re.compile(r"^/[A-Za-z0-9._/-]*$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 def _name(v: Any) -> str:
@@ -89,23 +87,18 @@ def _wait_for_pods_ready(v: Any) -> dict[str, str] | None:
     return dict(v)
 
 
-_PEER_KEYS, _PORT_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}, {"protocol", "port", "endPort"}
+def _label_key(v: Any) -> str:
+    if not isinstance(v, str) or not _LABEL_KEY.match(v):
+        raise ValueError("a Kubernetes label key such as example.com/team")
+    return v
 
 
-def _ingress_rules(v: Any) -> list[dict[str, Any]] | None:
-    """NetworkPolicy ingress rules (``from``/``ports``); the API server checks the rest."""
-    allowed = ("null (the design's policy) or a list of NetworkPolicy ingress rules, each a mapping of "
-               "`from` (podSelector/namespaceSelector/ipBlock peers) and `ports` (protocol/port/endPort)")
-    if v is None:
-        return None
-    if not isinstance(v, list) or not all(isinstance(r, dict) and set(r) <= {"from", "ports"} for r in v):
+def _labels(v: Any) -> dict[str, str]:
+    allowed = "a mapping of Kubernetes label keys to label values (strings)"
+    if not isinstance(v, dict) or not all(isinstance(k, str) and _LABEL_KEY.match(k) and isinstance(x, str)
+                                          and _LABEL_VALUE.match(x) for k, x in v.items()):
         raise ValueError(allowed)
-    for rule in v:
-        for key, keys in (("from", _PEER_KEYS), ("ports", _PORT_KEYS)):
-            items = rule.get(key, [])
-            if not isinstance(items, list) or not all(isinstance(i, dict) and set(i) <= keys for i in items):
-                raise ValueError(allowed)
-    return copy.deepcopy(v)
+    return dict(v)
 
 
 def _path(v: Any) -> str:
@@ -133,10 +126,10 @@ def cluster_spec_in(obj: Mapping[str, Any]) -> Any:
 
 SCHEMA: dict[str, Any] = {
     "templates": {key: _path for key in TEMPLATES},
+    "teams": {"namespaceLabels": _labels, "tenantLabel": _label_key, "gpuQuotaLabel": _label_key,
+              "localQueue": _name},
     "kueue": {
-        "resourceFlavor": _name,
         "priorityClasses": {"low": _name, "high": _name},
-        "preemption": one_of(PREEMPTION_POLICIES),
         "waitForPodsReady": _wait_for_pods_ready,  # platform-owned-ok: the platform's stated value, read, never set
         "longestHealthyPull": duration(positive=True),
     },
@@ -147,8 +140,6 @@ SCHEMA: dict[str, Any] = {
     },
     "gcsFaultTolerance": {"redisImage": _image},
     "serving": {"availabilityTarget": _fraction},
-    "network": {"workerIngress": _ingress_rules},
-    "tenancy": {"rayClusters": one_of(RAY_CLUSTERS), "namespaceIsolation": one_of(NAMESPACE_ISOLATION)},
     "operations": {"teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
 }

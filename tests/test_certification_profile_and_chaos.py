@@ -33,44 +33,32 @@ def test_default_profile_is_valid() -> None:
     ({"kueue": {"priorityClasses": {"high": "rayproof-low"}}}, "kueue.priorityClasses.high: must differ from low"),
     ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
     ({"templates": {"rayJob": ""}}, "field templates.rayJob: must be a path to a YAML file"),
-    ({"tenancy": {"namespaceIsolation": "none"}}, "field tenancy.namespaceIsolation: must be one of documented"),
-    ({"tenancy": {"rayClusters": "perNamespace"}}, "field tenancy.rayClusters: must be one of perTeam, shared"),
-    ({"network": {"workerIngress": {"from": []}}}, "field network.workerIngress: must be null (the design's policy)"),
-    ({"network": {"workerIngress": [{"from": [{"podSelecter": {}}]}]}}, "field network.workerIngress: must be null"),
+    ({"tenancy": {"rayClusters": "shared"}}, "field tenancy: unknown"),
+    ({"teams": {"namespaceLabels": {"bad key!": "x"}}}, "field teams.namespaceLabels: must be a mapping of Kubernetes label keys"),
+    ({"teams": {"tenantLabel": "-x"}}, "field teams.tenantLabel: must be a Kubernetes label key"),
+    ({"teams": {"localQueue": "Team_A"}}, "field teams.localQueue: must be a Kubernetes object name"),
 ])
 def test_bad_profiles_name_the_field(override: dict, message: str) -> None:
     with pytest.raises(profile_mod.ProfileError, match=re.escape(message)):
         profile_mod.load(override)
 
 
-def test_documented_worker_policy_comes_from_the_profile_or_the_design() -> None:
+def test_the_collective_block_restricts_worker_egress_whatever_ingress_the_platform_allows() -> None:
+    """NetworkPolicies add up: the platform's worker policy admits the whole
+    namespace, so the fault restricts the workers' egress (to the head and
+    DNS), which no ingress rule can widen."""
     from chaos import block_collectives
 
-    head_only = [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]
-    profile = profile_mod.load({"network": {"workerIngress": head_only}})
-    assert block_collectives.documented_allow_policy({}, profile["network"]["workerIngress"])["spec"]["ingress"] == head_only
-    design = block_collectives.documented_allow_policy({}, profile_mod.load()["network"]["workerIngress"])["spec"]
-    assert design["podSelector"] == block_collectives.WORKERS
-    assert design["ingress"][0] == {"from": [{"podSelector": {}}]}, "the design admits the whole namespace"
+    spec = block_collectives.deny_policy({})["spec"]
+    assert spec["podSelector"] == block_collectives.WORKERS and spec["policyTypes"] == ["Egress"]
+    assert spec["egress"][0] == {"to": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}
+    assert all("to" not in rule for rule in spec["egress"][1:]) and {p["port"] for p in spec["egress"][1]["ports"]} == {53}
 
 
 def test_wait_for_pods_ready_can_be_declared_off(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("kueue:\n  waitForPodsReady: null\n")
     assert profile_mod.load(f).wait_for_pods_ready_s is None
-
-
-def test_team_isolation_policy_guards_heads_only_from_other_namespaces() -> None:
-    """Heads (GCS, dashboard) take traffic from their own namespace only; worker
-    policies are left to NET-1/NET-2, whose deny policy an allow-all-workers
-    rule here would silently override (NetworkPolicies add up)."""
-    spec = mf.team_isolation_policy({"rayproof.io/run": "r"})["spec"]
-    assert spec["podSelector"] == {"matchLabels": {"ray.io/node-type": "head"}}
-    assert spec["ingress"][0] == {"from": [{"podSelector": {}}]}
-    open_ports = {p["port"] for rule in spec["ingress"] if any("namespaceSelector" in peer for peer in rule["from"])
-                  for p in rule.get("ports", [None])}
-    assert open_ports == {mf.DASHBOARD_PORT, 8080}, "other namespaces reach only the metrics port and (the operator) the dashboard"
-    assert mf.GCS_PORT not in open_ports
 
 
 def _job(workers: int = 2) -> dict:

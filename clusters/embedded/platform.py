@@ -228,6 +228,15 @@ class EmbeddedPlatform:
                 if exc.status != 409:
                     raise
 
+    def _start_onboarding(self) -> None:
+        """The platform's namespace onboarding (``onboarding/``): team namespaces get their queues and policies."""
+        ready = self.run_dir / "onboarding.ready"
+        self.start_process("onboarding", [sys.executable, "-m", "clusters.embedded.onboarding", "run",
+                                          "--kubeconfig", str(self.kubeconfig), "--ready-file", str(ready)],
+                           env=_python_env())
+        wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
+                 description=f"namespace onboarding of platform {self.name} to install its classes ({ready})")
+
     def addons(self) -> Addons:
         return Addons(self.control_plane(), self._binaries or {})
 
@@ -314,6 +323,7 @@ class EmbeddedPlatform:
                 self._start_pod_network()
                 self._start_node_agents()
                 self._apply_baseline()
+                self._start_onboarding()
             except BaseException as exc:
                 self.supervisor.stop_all()
                 self.state.update(phase="failed", error=f"{type(exc).__name__}: {exc}")
@@ -450,8 +460,10 @@ class EmbeddedPlatform:
         return listening_ports([r.pid for r in self.supervisor.records() if r.identity_ok()])
 
 
-# The pod network controller and the node agent, started after the addons.
-NODE_LAYER_PROCESSES = ("podnet", "nodeagent")
+# The pod network controller, the node agent and the namespace onboarding
+# (the operators' automation for team namespaces), started after the addons;
+# no health endpoint of their own: healthy while running.
+NODE_LAYER_PROCESSES = ("podnet", "nodeagent", "onboarding")
 
 
 def _python_env() -> dict[str, str]:

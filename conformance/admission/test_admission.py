@@ -31,7 +31,7 @@ THREE_TEAMS_RUN = Tier("three_teams_run", 2 * timeouts.TRAINING_RUN.seconds,
 
 def hold_job(lab: Any, namespace: str, name: str, seconds: float) -> dict[str, Any]:
     """The golden RayJob (head + 2 workers) holding its gang for ``seconds``, queued to the team's LocalQueue."""
-    return lab.rayjob(namespace, name, mf.hold_entrypoint(seconds), queue="team")
+    return lab.rayjob(namespace, name, mf.hold_entrypoint(seconds), queue=lab.queue)
 
 
 def finished(sample: dict[str, Any], names: list[str]) -> bool:
@@ -64,12 +64,11 @@ def test_gang_that_does_not_fit_stays_suspended(lab, evidence) -> None:
     it MUST be admitted and succeed. Checked with a ClusterQueue of one gang's
     GPUs: job B, submitted while job A holds the gang, is sampled every second
     until A gives the gang back (finishes, or is evicted and requeued)."""
-    ns = lab.namespace("a")
     gang = gang_gpus(lab)
-    lab.queues([ns], gpus=gang)
+    ns = lab.namespace("a", gpus=gang)
     a, b = lab.name("hold"), lab.name("wait")
-    sampler = Sampler(lab, {a: ns}, f"rp-{lab.key}")
-    evidence.record("queue_gpus", gang)
+    sampler = Sampler(lab, {a: ns}, lab.cluster_queue)
+    evidence.record("queue_gpus", lab.cluster_queue_gpus())
     with evidence.phase("A admitted"):
         body_a = lab.create_ray(ns, "rayjobs", hold_job(lab, ns, a, HOLD_S))
         wait_for(sampler.sample, lambda s: a in s["jobs"] and s["jobs"][a]["quota"],
@@ -124,12 +123,11 @@ def test_teams_sharing_a_queue_get_whole_gangs(lab, evidence) -> None:
     of a gang, no more than two gangs MUST hold the queue, and all three jobs
     MUST eventually succeed."""
     teams = ["a", "b", "c"]
-    namespaces = [lab.namespace(t) for t in teams]
     gang = gang_gpus(lab)
-    lab.queues(namespaces, gpus=2 * gang)
+    namespaces = [lab.namespace(t, gpus=2 * gang) for t in teams]
     jobs = {lab.name(f"team{t}"): ns for t, ns in zip(teams, namespaces)}
-    sampler = Sampler(lab, jobs, f"rp-{lab.key}")
-    evidence.record("queue_gpus", 2 * gang)
+    sampler = Sampler(lab, jobs, lab.cluster_queue)
+    evidence.record("queue_gpus", lab.cluster_queue_gpus())
     with evidence.phase("submit"):
         bodies = {n: lab.create_ray(ns, "rayjobs", hold_job(lab, ns, n, SHORT_HOLD_S)) for n, ns in jobs.items()}
     with evidence.phase("run"):
@@ -196,12 +194,11 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     backoff_s = lab.profile.seconds("kueue.waitForPodsReady.backoffBase")
     bound = timeout_s + timeouts.FAIL_FAST_SLACK.seconds
     evidence.record("bound_s", bound)
-    ns = lab.namespace("a")
     gang = gang_gpus(lab)
-    lab.queues([ns], gpus=gang)
+    ns = lab.namespace("a", gpus=gang)
     name = lab.name("stuck")
     job = training_rayjob(lab, ns, name, steps=4)
-    sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
+    sampler = Sampler(lab, {name: ns}, lab.cluster_queue, logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {
             "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
@@ -297,11 +294,10 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     (profile cost.gpuHourPrice)."""
     delay_s = evidence.record("promised_longest_healthy_pull_s", lab.profile.seconds("kueue.longestHealthyPull"))
     workers = 2
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab, workers))
+    ns = lab.namespace("a", gpus=gang_gpus(lab, workers))
     name = lab.name("late")
     job = training_rayjob(lab, ns, name, workers=workers, steps=6)
-    sampler = Sampler(lab, {name: ns}, f"rp-{lab.key}", logs=True)
+    sampler = Sampler(lab, {name: ns}, lab.cluster_queue, logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {
             "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,

@@ -26,8 +26,8 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
     at least as new as its last one before the preemption (not step 0) and
     succeed."""
     pcs = lab.profile["kueue"]["priorityClasses"]
-    low_ns, high_ns = lab.namespace("low"), lab.namespace("high")
-    lab.queues([low_ns, high_ns], gpus=gang_gpus(lab))
+    low_ns, high_ns = lab.namespace("low", gpus=gang_gpus(lab)), lab.namespace("high", gpus=gang_gpus(lab))
+    preemption = evidence.record("cluster_queue_preemption", lab.cluster_queue_spec().get("preemption"))
     low = lab.name("low")
     lab.create_ray(low_ns, "rayjobs", training_rayjob(lab, low_ns, low, steps=STEPS, step_time_s=STEP_TIME_S,
                                                      max_failures=1, priority_class=pcs["low"]))
@@ -75,8 +75,8 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
                                  description=f"the Workload of {low} to show Preempted")
             except WaitTimeout as exc:
                 pytest.fail(f"the higher-priority RayJob {high} did not preempt the running lower-priority gang {low} "
-                            f"within {timeouts.CONTROLLER_RECONCILE.seconds:g} s (ClusterQueue preemption policy "
-                            f"{lab.profile['kueue']['preemption']}); the victim's conditions: {exc.last_value}")
+                            f"within {timeouts.CONTROLLER_RECONCILE.seconds:g} s (the platform's ClusterQueue {lab.cluster_queue}: "
+                            f"preemption {preemption}); the victim's conditions: {exc.last_value}")
             evidence.record("victim_conditions", [{k: c.get(k) for k in ("type", "status", "reason")} for c in conds])
             gone = wait_for(lambda: [p.metadata.name for p in lab.pods(low_ns, "ray.io/node-type")],
                             lambda left: not left, timeout=timeouts.OBJECT_DELETE, interval=1,

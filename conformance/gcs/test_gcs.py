@@ -602,33 +602,27 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     victim = lab.name("victim")
     other = lab.name("team-b")
     ticks_long = int(EVENT.seconds + SERVICE_UP.seconds)
-    # On a platform that shares one RayCluster across teams (the profile's
-    # tenancy.rayClusters), team B's job runs on team A's cluster, as it would there.
-    shared = evidence.record("ray_clusters", lab.profile["tenancy"]["rayClusters"]) == "shared"
-    ns_other = ns_a if shared else ns_b
     with evidence.phase("deploy both teams"):
         team_a = lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster_a, workers=1))
-        if not shared:
-            lab.create_ray(ns_b, "rayjobs", lab.rayjob(ns_b, other, tick_entrypoint(ticks_long), workers=1))
+        lab.create_ray(ns_b, "rayjobs", lab.rayjob(ns_b, other, tick_entrypoint(ticks_long), workers=1))
     with deleted_first(lab, ns_a, "rayclusters", cluster_a):
         with evidence.phase("deploy both teams"):
             wait_for(lambda: head_sample(lab, ns_a, cluster_a), lambda h: h["ready"], timeout=timeouts.RAYCLUSTER_READY,
                      interval=2, description=f"the head of RayCluster {ns_a}/{cluster_a} to be Ready")
-            for job in (victim, other) if shared else (victim,):
-                lab.create_ray(ns_a, "rayjobs", {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": job},
-                                                 "spec": {"entrypoint": tick_entrypoint(ticks_long),
-                                                          "clusterSelector": {"ray.io/cluster": cluster_a}}})
+            lab.create_ray(ns_a, "rayjobs", {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": victim},
+                                             "spec": {"entrypoint": tick_entrypoint(ticks_long),
+                                                      "clusterSelector": {"ray.io/cluster": cluster_a}}})
             wait_for(lambda: ticks_of(lab, ns_a, victim), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
                      interval=2, description=f"team A's RayJob {ns_a}/{victim} to make progress")
-            wait_for(lambda: ticks_of(lab, ns_other, other), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
-                     interval=2, description=f"team B's RayJob {ns_other}/{other} to make progress")
+            wait_for(lambda: ticks_of(lab, ns_b, other), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
+                     interval=2, description=f"team B's RayJob {ns_b}/{other} to make progress")
         b_before = pod_restarts(lab, ns_b)
         before = head_sample(lab, ns_a, cluster_a)
         evidence.record("team_b_pods_before", b_before)
         evidence.record("head_before", before)
         target_bytes = PRESSURE_FACTOR * head_memory_bytes(team_a)
         with Timeline(lambda: {**head_sample(lab, ns_a, cluster_a), "victim": rayjob_sample(lab, ns_a, victim),
-                               "team_b": rayjob_sample(lab, ns_other, other)},
+                               "team_b": rayjob_sample(lab, ns_b, other)},
                       "sampling team A's head and jobs of both teams through the head OOM") as timeline:
             with evidence.phase("inject and observe"):
                 journal = runner.run("head-oom", {
@@ -650,10 +644,10 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                     wait_for(lambda: rayjob_sample(lab, ns_a, victim), settled, timeout=timeouts.RAYCLUSTER_READY,
                              interval=2, description=f"team A's RayJob {ns_a}/{victim} to settle after the head OOM")
                 try:
-                    b_ticks = wait_for(lambda: ticks_of(lab, ns_other, other),
+                    b_ticks = wait_for(lambda: ticks_of(lab, ns_b, other),
                                        lambda t: bool(t) and t[-1]["ts"] >= window_end,
                                        timeout=timeouts.CONTAINER_TRANSITION, interval=2,
-                                       description=f"team B's job {ns_other}/{other} to tick past the event window")
+                                       description=f"team B's job {ns_b}/{other} to tick past the event window")
                 except WaitTimeout as exc:  # its progress stopped: judged below from the ticks seen
                     b_ticks = exc.last_value or []
         victim_after = rayjob_sample(lab, ns_a, victim)
@@ -686,13 +680,11 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                or (b_before[n]["uid"], b_before[n]["restarts"]) != (b_after[n]["uid"], b_after[n]["restarts"])}
     assert not changed, f"team B's pods in {ns_b} were restarted, replaced or removed by team A's head OOM: {changed}"
     assert b_progress["ticks_after"] and b_progress["longest_gap_s"] <= TICK_GAP_S, (
-        f"team B's job {ns_other}/{other} went {b_progress['longest_gap_s']} s without progress during team A's head OOM "
+        f"team B's job {ns_b}/{other} went {b_progress['longest_gap_s']} s without progress during team A's head OOM "
         f"(at most {TICK_GAP_S:g} s expected; {b_progress['ticks_in_window']} ticks in the window, "
-        f"{b_progress['ticks_after']} after)"
-        + (": it ran on team A's RayCluster, which the platform shares across teams (tenancy.rayClusters: shared)"
-           if shared else ""))
-    b_status = rayjob_sample(lab, ns_other, other)
-    assert b_status.get("jobStatus") == "RUNNING", f"team B's RayJob {ns_other}/{other} is no longer running: {b_status}"
+        f"{b_progress['ticks_after']} after)")
+    b_status = rayjob_sample(lab, ns_b, other)
+    assert b_status.get("jobStatus") == "RUNNING", f"team B's RayJob {ns_b}/{other} is no longer running: {b_status}"
     assert settled(victim_after), (
         f"team A's RayJob {ns_a}/{victim}, whose driver ran on the OOM-killed head, still shows {victim_after} "
         f"{timeouts.RAYCLUSTER_READY.seconds:g} s after the head was Ready again: neither terminal nor retrying")

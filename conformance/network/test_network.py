@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos import block_collectives, runner
+from chaos import runner
 from conformance.training_jobs import (
     DriverLog,
     collective_timeout_used,
@@ -15,6 +15,7 @@ from conformance.training_jobs import (
     require_timeout_within,
     training_rayjob,
 )
+from fixtures.kube import selector_matches
 from fixtures.plugin import NOT_APPLICABLE
 from rayproof import timeouts
 from rayproof.waiting import wait_for
@@ -40,8 +41,7 @@ def blocked_training_setup(lab, enforcement: dict, evidence, stem: str) -> tuple
     and the training job's name."""
     require_enforcement(enforcement, evidence)
     bound_s = promised_fail_fast_bound(lab.profile, evidence)
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab))
+    ns = lab.namespace("a", gpus=gang_gpus(lab))
     return bound_s, timeouts.FAIL_FAST_SLACK.seconds, ns, lab.name(stem)
 
 
@@ -111,31 +111,39 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
 
 
 @pytest.mark.clause("NET-2")
-def test_documented_allow_policy_lets_training_run(lab, network_policy_enforcement, evidence) -> None:
-    """Under the platform's documented worker policy (the profile's
-    network.workerIngress; by default the design's: default-deny ingress
-    except from the same namespace -- GCS, object manager, collectives -- and
-    metrics from the monitoring namespace) the same training RayJob MUST
-    succeed: the positive control for NET-1."""
+def test_platform_worker_policy_lets_training_run(lab, network_policy_enforcement, evidence) -> None:
+    """Under the NetworkPolicies the platform's onboarding puts in a team
+    namespace (on the reference platform the design's worker policy:
+    default-deny ingress into Ray workers except from the same namespace --
+    GCS, object manager, collectives -- and metrics from the monitoring
+    namespace), a training RayJob MUST succeed, and a policy MUST select its
+    worker pods (a namespace nothing locks down shows nothing): the positive
+    control for NET-1."""
     require_enforcement(network_policy_enforcement, evidence)
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab))
-    ingress = lab.profile["network"]["workerIngress"]
-    source = "the design's" if ingress is None else "the profile's network.workerIngress"
-    policy = block_collectives.allow(str(lab.kubeconfig), ns, lab.labels, ingress, context=lab.context)
-    evidence.record("worker_policy", {"source": source, "spec": policy["spec"]})
+    ns = lab.namespace("a", gpus=gang_gpus(lab))
     name = lab.name("net2")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=8))
+    worker_labels = wait_for(lambda: [dict(p.metadata.labels or {}) for p in lab.pods(ns, "ray.io/node-type=worker")],
+                             timeout=timeouts.RAYCLUSTER_READY, interval=2,
+                             description=f"the worker pods of RayJob {ns}/{name}")
     status = lab.wait_rayjob(ns, name, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
-                             timeout=timeouts.TRAINING_RUN, description="finished under the allow policy")
+                             timeout=timeouts.TRAINING_RUN, description="finished under the platform's policies")
     finish = driver_events(lab, ns, name, "finish")
     evidence.record("rayjob", {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message")})
     evidence.record("finish", finish[-1] if finish else None)
+    policies = lab.net.list_namespaced_network_policy(ns).items  # platform-owned-ok: read
+    selecting = evidence.record("worker_policies", {
+        p.metadata.name: lab.api.sanitize_for_serialization(p.spec) for p in policies
+        if any(selector_matches(lab.api.sanitize_for_serialization(p.spec.pod_selector), labels)
+               for labels in worker_labels)})
     assert status.get("jobStatus") == "SUCCEEDED", (
-        f"training under the platform's documented worker policy ({source}) ended {status.get('jobStatus')}: "
-        f"{status.get('message')}; "
-        f"driver output:\n{lab.submitter_logs(ns, name)[-3000:]}")
+        f"training under the platform's worker policies ({', '.join(selecting) or 'none'}) ended "
+        f"{status.get('jobStatus')}: {status.get('message')}; driver output:\n{lab.submitter_logs(ns, name)[-3000:]}")
     assert finish and finish[-1]["step"] == 8, f"the driver did not finish all 8 steps: {finish}"
+    assert selecting, (
+        f"no NetworkPolicy of the platform selects the Ray worker pods of team namespace {ns} (policies there: "
+        f"{sorted(p.metadata.name for p in policies) or 'none'}): the workers accept traffic from anywhere, so "
+        "the platform documents no worker policy for the training to be checked under")
 
 
 @pytest.mark.clause("NET-4")

@@ -37,8 +37,7 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     every = int(profile["training"]["checkpointEvery"])
     slack = timeouts.FAIL_FAST_SLACK.seconds
     bound_s = promised_fail_fast_bound(profile, evidence)
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab))
+    ns = lab.namespace("a", gpus=gang_gpus(lab))
     name = lab.name("trn1")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=2))
 
@@ -113,8 +112,7 @@ def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, t
     one settled before the death -- not from step 0 -- and the RayJob MUST
     succeed with every step done."""
     every = int(lab.profile["training"]["checkpointEvery"])
-    ns = lab.namespace("a")
-    lab.queues([ns], gpus=gang_gpus(lab))
+    ns = lab.namespace("a", gpus=gang_gpus(lab))
     name = lab.name("trn2")
     lab.create_ray(ns, "rayjobs", training_rayjob(lab, ns, name, steps=STEPS, step_time_s=STEP_TIME_S, max_failures=1,
                                                  backoff_limit=2))

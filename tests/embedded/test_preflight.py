@@ -79,13 +79,11 @@ def test_missing_rbac_lists_the_denied_verbs_and_creates_nothing(target, kube_ap
 
 
 def test_profile_naming_missing_objects_is_rejected(kube_api) -> None:
-    profile = profile_mod.load({"kueue": {"resourceFlavor": "no-such-flavor",
-                                          "priorityClasses": {"high": "no-such-class"}},
+    profile = profile_mod.load({"kueue": {"priorityClasses": {"high": "no-such-class"}},
                                 "training": {"checkpoints": {"storageClassName": "no-such-storage"}}})
     with pytest.raises(pf.PreflightError) as exc:
         pf.preflight(kube_api, profile)
     text = str(exc.value)
-    assert "ResourceFlavor 'no-such-flavor' does not exist" in text, text
     assert "WorkloadPriorityClass 'no-such-class' does not exist" in text, text
     assert "StorageClass 'no-such-storage' does not exist" in text, text
 

@@ -10,10 +10,12 @@ platform's golden templates (``clusters/embedded/golden/``), which the
 profile points at exactly as a platform points it at its own: a golden image
 that leaves Ray Train's 30-minute collective timeout, a RayService without
 GCS fault tolerance, a head Service on a NodePort, finished clusters kept for
-ten minutes; or the storage class checkpoints go to. The rest
-(``PROFILE_DESCRIBED``) still describe a platform setting in the profile,
-because the suite itself still provisions those queues and policies as the
-profile says (issue 12: until the platform's own onboarding provides them).
+ten minutes. Others change an onboarding class of the platform
+(``clusters/embedded/onboarding/``), installed beside the reference one as
+its operators would and named by the profile's ``teams.namespaceLabels``:
+ClusterQueues that never preempt, a worker policy that admits the head
+only, team namespaces whose heads are left open. One points the profile at
+another of the platform's storage classes, a node-local one.
 
 None of these changes needs a platform of its own, yet they run on one (with
 the default settings), in the one xdist worker that runs the self-tests on
@@ -122,39 +124,97 @@ def test_clause_fails_on_a_changed_golden_template(default_platform, tmp_path, c
     expect_failure(row, *causes)
 
 
-# (clause, the profile's pointer or description of the platform, what the failure must name)
-PROFILE_DESCRIBED = [
+def _objects(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert found, f"the reference onboarding class has no {kind} {name or ''}"
+    return found
+
+
+def queues_never_preempt(docs: list[dict[str, Any]]) -> None:
+    """The tenants' ClusterQueues never preempt within themselves."""
+    for cq in _objects(docs, "ClusterQueue"):
+        cq["spec"]["preemption"]["withinClusterQueue"] = "Never"
+
+
+def worker_policy_admits_the_head_only(docs: list[dict[str, Any]]) -> None:
+    """The documented worker policy admits traffic from the head only: the
+    workers' collectives are dropped, as under NET-1's tightening."""
+    for policy in _objects(docs, "NetworkPolicy", "ray-workers"):
+        policy["spec"]["ingress"] = [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]
+
+
+def without_head_isolation(docs: list[dict[str, Any]]) -> None:
+    """Team namespaces get no policy guarding their Ray heads from other namespaces."""
+    _objects(docs, "NetworkPolicy", "ray-head-isolation")
+    docs[:] = [d for d in docs if d["metadata"]["name"] != "ray-head-isolation"]
+
+
+@pytest.fixture
+def onboarding_class(default_platform, request) -> Iterator[Callable[[Callable[[list[dict[str, Any]]], None]], dict]]:
+    """Installs, as the platform's operators would, an onboarding class that
+    is the reference ``standard`` one with one change, and returns the
+    profile pointing teams at it; removed at the end."""
+    from clusters.embedded.onboarding.controller import CLASS_LABEL, ONBOARDING_DIR, Onboarding, class_configmap_name
+    from clusters.embedded.platform import EmbeddedPlatform
+
+    name, _ = default_platform
+    api = EmbeddedPlatform(name).api_client()
+    installed: list[str] = []
+
+    def install(change: Callable[[list[dict[str, Any]]], None]) -> dict:
+        docs = list(yaml.safe_load_all((ONBOARDING_DIR / "standard.yaml").read_text()))
+        change(docs)
+        cls = f"selftest-{change.__name__.replace('_', '-')}"[:50]
+        Onboarding(api).install_classes({cls: yaml.safe_dump_all(docs, sort_keys=False)})
+        installed.append(cls)
+        return {"teams": {"namespaceLabels": {CLASS_LABEL: cls}}}
+
+    yield install
+    from kubernetes import client
+
+    from clusters.embedded.onboarding.controller import CLASSES_NAMESPACE
+    for cls in installed:
+        client.CoreV1Api(api).delete_namespaced_config_map(class_configmap_name(cls), CLASSES_NAMESPACE)
+
+
+ADM = "conformance/admission/test_preemption.py"
+
+# (clause, the one change to the reference platform's onboarding, what the failure must name)
+ONBOARDING_MUTATIONS = [
+    pytest.param(f"{ADM}::test_higher_priority_job_preempts_whole_gang_and_victim_resumes",
+                 queues_never_preempt, ("did not preempt",), id="adm5-queues-never-preempt"),
+    pytest.param(f"{NET}::test_platform_worker_policy_lets_training_run",
+                 worker_policy_admits_the_head_only, ("training under the platform's worker policies (ray-workers) ended FAILED",),
+                 id="net2-worker-policy-admits-the-head-only"),
+    pytest.param(f"{OPS}::test_no_ray_node_joins_another_teams_gcs",
+                 without_head_isolation, ("joined team A's GCS",), id="sec2-heads-left-open-to-other-namespaces"),
+]
+
+
+@pytest.mark.parametrize(("clause", "change", "causes"), ONBOARDING_MUTATIONS)
+def test_clause_fails_on_a_changed_onboarding(default_platform, onboarding_class, tmp_path, clause: str,
+                                              change: Callable[[list[dict[str, Any]]], None],
+                                              causes: tuple[str, ...]) -> None:
+    name, platform_profile = default_platform
+    row = run_clause(tmp_path, clause, profile=onboarding_class(change), platform=name,
+                     platform_profile=platform_profile)
+    expect_failure(row, *causes)
+
+
+# (clause, the platform object the profile points at, what the failure must name)
+POINTER_MUTATIONS = [
     # Checkpoints on each node's own disk (the platform's node-local storage
     # class): a new cluster after the head's death cannot see them (or Ray
     # Train refuses the storage outright).
     pytest.param(f"{TRN}::test_head_pod_death_retries_and_resumes_from_shared_storage",
                  {"training": {"checkpoints": {"storageClassName": "rayproof-node-local"}}},
                  ("cluster storage", "shared storage"), id="trn2-checkpoints-on-node-local-disks"),
-    # The platform documents a worker policy that admits traffic from the head
-    # only: the workers' collectives are dropped, as under NET-1's tightening.
-    pytest.param(f"{NET}::test_documented_allow_policy_lets_training_run",
-                 {"network": {"workerIngress": [{"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]}]}},
-                 ("documented worker policy (the profile's network.workerIngress) ended FAILED",),
-                 id="net2-documented-policy-admits-the-head-only"),
-    # The profile says the platform isolates namespaces itself; the embedded one does not.
-    pytest.param(f"{OPS}::test_no_ray_node_joins_another_teams_gcs",
-                 {"tenancy": {"namespaceIsolation": "platform"}}, ("joined team A's GCS",),
-                 id="sec2-namespaces-left-open-to-each-other"),
-    # One RayCluster for several teams: the other team's job runs on the hit head.
-    pytest.param(f"{GCS}::test_head_oom_stays_in_its_namespace",
-                 {"tenancy": {"rayClusters": "shared"}}, ("without progress during team A's head OOM",),
-                 id="gcs2-one-raycluster-shared-across-teams"),
-    pytest.param(f"{OPS}::test_no_ray_node_joins_another_teams_gcs",
-                 {"tenancy": {"rayClusters": "shared"}}, ("shares one RayCluster across teams",),
-                 id="sec2-one-raycluster-shared-across-teams"),
-    pytest.param("conformance/admission/test_preemption.py::test_higher_priority_job_preempts_whole_gang_and_victim_resumes",
-                 {"kueue": {"preemption": "Never"}}, ("did not preempt",), id="adm5-queues-never-preempt"),
 ]
 
 
-@pytest.mark.parametrize(("clause", "profile", "causes"), PROFILE_DESCRIBED)
-def test_clause_fails_where_the_profile_describes_the_platform_as_broken(default_platform, tmp_path, clause: str,
-                                                                       profile: dict, causes: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(("clause", "profile", "causes"), POINTER_MUTATIONS)
+def test_clause_fails_where_the_profile_points_at_a_broken_platform_object(default_platform, tmp_path, clause: str,
+                                                                          profile: dict, causes: tuple[str, ...]) -> None:
     name, platform_profile = default_platform
     row = run_clause(tmp_path, clause, profile=profile, platform=name, platform_profile=platform_profile)
     expect_failure(row, *causes)

@@ -1,0 +1,1 @@
+"""The reference platform's namespace onboarding (see README.md)."""
