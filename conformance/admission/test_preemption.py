@@ -75,8 +75,8 @@ def test_higher_priority_job_preempts_whole_gang_and_victim_resumes(lab, evidenc
                                  description=f"the Workload of {low} to show Preempted")
             except WaitTimeout as exc:
                 pytest.fail(f"the higher-priority RayJob {high} did not preempt the running lower-priority gang {low} "
-                            f"within {timeouts.CONTROLLER_RECONCILE.seconds:g} s (the platform's ClusterQueue {lab.cluster_queue}: "
-                            f"preemption {preemption}); the victim's conditions: {exc.last_value}")
+                            f"within {timeouts.CONTROLLER_RECONCILE.seconds:g} s (the platform's ClusterQueue "
+                            f"{lab.cluster_queue}: preemption {preemption}); the victim's conditions: {exc.last_value}")
             evidence.record("victim_conditions", [{k: c.get(k) for k in ("type", "status", "reason")} for c in conds])
             gone = wait_for(lambda: [p.metadata.name for p in lab.pods(low_ns, "ray.io/node-type")],
                             lambda left: not left, timeout=timeouts.OBJECT_DELETE, interval=1,
