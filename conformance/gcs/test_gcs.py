@@ -574,6 +574,14 @@ def progress(ticks: list[dict[str, Any]], start: float, end: float) -> dict[str,
             "last_tick": times[-1] if times else None}
 
 
+def ray_cluster_of(lab, ns: str, rayjob: str) -> dict[str, Any]:
+    """The RayCluster a RayJob runs on (its status) and the pods and IPs of that cluster's head."""
+    cluster = lab.rayjob_status(ns, rayjob).get("rayClusterName")
+    heads = lab.pods(ns, f"ray.io/cluster={cluster},ray.io/node-type=head") if cluster else []
+    return {"namespace": ns, "rayjob": rayjob, "ray_cluster": cluster, "head_pods": [p.metadata.name for p in heads],
+            "head_ips": [p.status.pod_ip for p in heads if p.status.pod_ip]}
+
+
 def rayjob_sample(lab, ns: str, name: str) -> dict[str, Any]:
     st = lab.rayjob_status(ns, name)
     return {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "failed", "succeeded", "jobId")} | {
@@ -593,10 +601,13 @@ def settled(job: dict[str, Any]) -> bool:
 @pytest.mark.clause("GCS-2")
 def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     """A head OOM on team A's RayCluster MUST stay inside team A: another
-    team's RayCluster in namespace B sees no pod restarted or replaced and its
-    job keeps making progress through the event (no stretch without progress
-    longer than 15 s), and team A's RayJob that was running on the hit head
-    MUST reach a terminal or retrying state instead of showing Running forever."""
+    team's job, from the platform's golden RayJob in namespace B, runs on a
+    Ray head of its own (measured from the RayJobs' clusters and their head
+    pods, never read from the profile); team B's RayCluster sees no pod
+    restarted or replaced and its job keeps making progress through the event
+    (no stretch without progress longer than 15 s), and team A's RayJob that
+    was running on the hit head MUST reach a terminal or retrying state
+    instead of showing Running forever."""
     ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
     cluster_a = lab.name("team-a")
     victim = lab.name("victim")
@@ -616,6 +627,12 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                      interval=2, description=f"team A's RayJob {ns_a}/{victim} to make progress")
             wait_for(lambda: ticks_of(lab, ns_b, other), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
                      interval=2, description=f"team B's RayJob {ns_b}/{other} to make progress")
+            # Which RayCluster and GCS each team's job really runs on (measured, not declared).
+            tenancy = evidence.record("tenancy", {"team_a": ray_cluster_of(lab, ns_a, victim),
+                                                  "team_b": ray_cluster_of(lab, ns_b, other)})
+            a_heads, b_heads = (set(tenancy[t]["head_ips"]) for t in ("team_a", "team_b"))
+            assert b_heads and not a_heads & b_heads, (
+                f"team B's job does not run on a Ray head of its own, apart from team A's: {tenancy}")
         b_before = pod_restarts(lab, ns_b)
         before = head_sample(lab, ns_a, cluster_a)
         evidence.record("team_b_pods_before", b_before)
