@@ -15,9 +15,9 @@ from conformance.training_jobs import (
     require_timeout_within,
     training_rayjob,
 )
-from fixtures.kube import selector_matches
 from fixtures.plugin import NOT_APPLICABLE
 from rayproof import timeouts
+from rayproof.selectors import selector_matches
 from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow

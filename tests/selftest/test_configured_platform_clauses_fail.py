@@ -154,7 +154,10 @@ def onboarding_class(default_platform, request) -> Iterator[Callable[[Callable[[
     """Installs, as the platform's operators would, an onboarding class that
     is the reference ``standard`` one with one change, and returns the
     profile pointing teams at it; removed at the end."""
-    from clusters.embedded.onboarding.controller import CLASS_LABEL, ONBOARDING_DIR, Onboarding, class_configmap_name
+    from kubernetes import client
+
+    from clusters.embedded.onboarding.controller import (CLASS_LABEL, CLASSES_NAMESPACE, ONBOARDING_DIR, Onboarding,
+                                                          class_configmap_name)
     from clusters.embedded.platform import EmbeddedPlatform
 
     name, _ = default_platform
@@ -170,9 +173,6 @@ def onboarding_class(default_platform, request) -> Iterator[Callable[[Callable[[
         return {"teams": {"namespaceLabels": {CLASS_LABEL: cls}}}
 
     yield install
-    from kubernetes import client
-
-    from clusters.embedded.onboarding.controller import CLASSES_NAMESPACE
     for cls in installed:
         client.CoreV1Api(api).delete_namespaced_config_map(class_configmap_name(cls), CLASSES_NAMESPACE)
 

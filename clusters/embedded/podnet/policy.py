@@ -51,6 +51,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from clusters.embedded.podnet.iptables import PREFIX, Table, chain_name, comment
 from clusters.embedded.podnet.model import NAMESPACE_NAME_LABEL, Namespace, Pod
+from rayproof import selectors
 
 FORWARD = f"{PREFIX}FORWARD"
 INGRESS = f"{PREFIX}INGRESS"
@@ -65,26 +66,11 @@ class PolicyError(ValueError):
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """metav1.LabelSelector semantics: {} matches everything; all terms must hold."""
-    selector = selector or {}
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        if op == "In":
-            ok = key in labels and labels[key] in values
-        elif op == "NotIn":
-            ok = key not in labels or labels[key] not in values
-        elif op == "Exists":
-            ok = key in labels
-        elif op == "DoesNotExist":
-            ok = key not in labels
-        else:
-            raise PolicyError(f"label selector operator {op!r} is not one of In, NotIn, Exists, DoesNotExist")
-        if not ok:
-            return False
-    return True
+    """:func:`rayproof.selectors.selector_matches`; a bad operator is a PolicyError."""
+    try:
+        return selectors.selector_matches(selector, labels)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def policy_types(spec: Mapping[str, Any]) -> list[str]:
