@@ -253,3 +253,21 @@ def test_clauses_side_by_side_hold_shares_and_one_needing_all_is_not_overtaken(t
     assert again is not None, "all shares are free again"
     for fd in again:
         os.close(fd)
+
+
+def test_a_platform_started_from_other_platform_files_is_not_reused(tmp_path, monkeypatch):
+    """A running platform whose onboarding classes, baseline or processes come
+    from another checkout (an earlier `rayproof up`) is not the reference
+    platform this checkout ships: up() clears it instead of certifying it."""
+    from clusters.embedded import platform as platform_mod
+    from clusters.embedded.platform import EmbeddedPlatform
+
+    binaries = {"kube-apiserver": tmp_path / "bin" / "kube-apiserver"}
+    platform = EmbeddedPlatform("files-check", run_dir=tmp_path / "files-check", binaries=binaries)
+    platform.run_dir.mkdir()
+    platform.state.update(phase="running", profile_digest=platform.profile.digest(),
+                          bin_dir=str(tmp_path / "bin"), files_digest=platform_mod.files_digest())
+    monkeypatch.setattr(platform, "health", lambda: {"kube-apiserver": "ok"})
+    assert platform._reuse_blocker(binaries) is None
+    monkeypatch.setattr(platform_mod, "files_digest", lambda: "0" * 64)
+    assert "other files of the reference platform" in (platform._reuse_blocker(binaries) or "")

@@ -7,7 +7,7 @@ knows lives in its run directory (default ``<cache>/platform/<name>/``):
 (one per process), ``pki/`` and the kubeconfigs. So:
 
 * :meth:`~EmbeddedPlatform.up` is idempotent: a healthy running platform
-  with the same profile and binaries is reused as it is; anything else left
+  with the same profile, binaries and platform files is reused as it is; anything else left
   in the run directory (a crashed or killed ``up``, a different profile) is
   torn down first.
 * :meth:`~EmbeddedPlatform.down` works from any process, also after the
@@ -61,6 +61,20 @@ Progress = Callable[[str], None]
 def platform_root() -> Path:
     """``<cache>/platform``: where named platforms keep their run directories."""
     return build.cache_root() / "platform"
+
+
+def files_digest() -> str:
+    """SHA-256 over the reference platform's own code and configuration
+    (every file under ``clusters/embedded/`` that ships with the suite): a
+    platform started from other files is not the one this checkout describes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in sorted(p for p in here.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml")):
+        h.update(f"{path.relative_to(here)}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def _quiet(_message: str) -> None:
@@ -305,7 +319,7 @@ class EmbeddedPlatform:
             self.state.update(
                 state_version=STATE_VERSION, name=self.name, phase="starting",
                 owner_pid=os.getpid(), started_at=time.time(),
-                profile=self.profile.as_dict(), profile_digest=self.profile.digest(),
+                profile=self.profile.as_dict(), profile_digest=self.profile.digest(), files_digest=files_digest(),
                 bin_dir=str(Path(binaries["kube-apiserver"]).parent), versions=versions,
             )
             t0 = time.monotonic()
@@ -347,6 +361,8 @@ class EmbeddedPlatform:
             return "it runs with a different profile"
         if st.get("bin_dir") != str(Path(binaries["kube-apiserver"]).parent):
             return "it runs other binaries (versions.toml changed)"
+        if st.get("files_digest") != files_digest():
+            return "it was started from other files of the reference platform (clusters/embedded/ changed)"
         bad = {k: v for k, v in self.health().items() if v != "ok"}
         if bad:
             return "it is unhealthy: " + "; ".join(f"{k}: {v}" for k, v in bad.items())
