@@ -668,6 +668,11 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                 except WaitTimeout as exc:  # its progress stopped: judged below from the ticks seen
                     b_ticks = exc.last_value or []
         victim_after = rayjob_sample(lab, ns_a, victim)
+        # A RayJob that shows Running may be running its entrypoint again from
+        # the start (a new submitter on a head that forgot the job).
+        rerun = [t for t in ticks_of(lab, ns_a, victim) if t["i"] == 0 and t["ts"] >= submitted_at]
+        rerun_after_s = evidence.record("victim_rerun_from_start_after_s",
+                                        round(rerun[0]["ts"] - submitted_at, 1) if rerun else None)
         b_after = pod_restarts(lab, ns_b)
         figures = oom_figures(timeline, before, submitted_at)
         settled_at = timeline.first(lambda s: settled(s["victim"]), after=submitted_at)
@@ -704,4 +709,6 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     assert b_status.get("jobStatus") == "RUNNING", f"team B's RayJob {ns_b}/{other} is no longer running: {b_status}"
     assert settled(victim_after), (
         f"team A's RayJob {ns_a}/{victim}, whose driver ran on the OOM-killed head, still shows {victim_after} "
-        f"{timeouts.RAYCLUSTER_READY.seconds:g} s after the head was Ready again: neither terminal nor retrying")
+        f"{timeouts.RAYCLUSTER_READY.seconds:g} s after the head was Ready again: neither terminal nor retrying"
+        + (f"; its entrypoint started again from the beginning {rerun_after_s:g} s after the pressure was "
+           "submitted, which the RayJob's status does not show" if rerun else ""))

@@ -61,8 +61,9 @@ def without_tuned_collective_timeout(job: dict[str, Any]) -> None:
         container["env"] = [e for e in container["env"] if e["name"] != "COLLECTIVE_TIMEOUT_S"]
 
 
-def without_gcs_fault_tolerance(service: dict[str, Any]) -> None:
-    cluster_spec_in(service).pop("gcsFaultToleranceOptions")
+def without_gcs_fault_tolerance(obj: dict[str, Any]) -> None:
+    """The golden RayService or RayCluster keeps its GCS state in the head only."""
+    cluster_spec_in(obj).pop("gcsFaultToleranceOptions")
 
 
 def head_on_a_node_port(cluster: dict[str, Any]) -> None:
@@ -111,6 +112,12 @@ TEMPLATE_MUTATIONS = [
     pytest.param(f"{GCS}::test_head_oom_keeps_rayservice_available",
                  "rayService", without_gcs_fault_tolerance, ("below the target", "apps RUNNING after the head OOM"),
                  id="gcs1-rayservice-without-gcs-fault-tolerance"),
+    # Team A's golden RayCluster without GCS fault tolerance: the restarted
+    # head has forgotten the job whose driver it ran, and KubeRay keeps
+    # showing that RayJob Running (kuberay#2161).
+    pytest.param(f"{GCS}::test_head_oom_stays_in_its_namespace",
+                 "rayCluster", without_gcs_fault_tolerance, ("neither terminal nor retrying",),
+                 id="gcs2-raycluster-without-gcs-fault-tolerance"),
 ]
 
 
