@@ -271,3 +271,30 @@ def test_a_platform_started_from_other_platform_files_is_not_reused(tmp_path, mo
     assert platform._reuse_blocker(binaries) is None
     monkeypatch.setattr(platform_mod, "files_digest", lambda: "0" * 64)
     assert "other files of the reference platform" in (platform._reuse_blocker(binaries) or "")
+
+
+def test_a_lock_reached_through_a_symbolic_link_or_a_shared_directory_is_refused(tmp_path):
+    """Share locks live in a directory of this user's own: a lock file that is
+    a symbolic link (to a file another user wants root to open) and a lock
+    directory others may write are refused, naming the path."""
+    from fixtures import sharing
+    from rayproof.locks import UnsafePath
+
+    shares = sharing.ClusterShares("https://cluster.example:6443", 1, root=tmp_path / "shares")
+    target = tmp_path / "not-a-lock"
+    target.write_text("someone else's file")
+    (shares.dir / "turnstile").symlink_to(target)
+    with pytest.raises(UnsafePath, match="turnstile is a symbolic link"):
+        with shares.hold(1):
+            pass
+    assert target.read_text() == "someone else's file"
+
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(UnsafePath, match="has mode 777: others may use it"):
+        sharing.ClusterShares("https://cluster.example:6443", 1, root=open_dir)
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "shares", target_is_directory=True)
+    with pytest.raises(UnsafePath, match="is a symbolic link"):
+        sharing.ClusterShares("https://cluster.example:6443", 1, root=linked)
