@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from clusters import access
+
 # (group, version, plural): the APIs the clauses write.
 REQUIRED_APIS = (
     ("ray.io", "v1", "rayclusters", "KubeRay (v1.3 or newer; verified with v1.5.0)"),
@@ -22,35 +24,6 @@ REQUIRED_APIS = (
     ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses",
      "Kueue serving kueue.x-k8s.io/v1beta2 (verified with v0.17.0)"),
 )
-
-# (verb, group, resource, subresource): what the suite does; checked cluster-wide
-# because every clause works in a namespace it creates.
-REQUIRED_ACCESS = (
-    ("create", "", "namespaces", ""),
-    ("delete", "", "namespaces", ""),
-    ("create", "", "pods", ""),
-    ("delete", "", "pods", ""),
-    ("get", "", "pods", "log"),
-    ("create", "", "configmaps", ""),
-    ("create", "", "services", ""),
-    ("create", "", "persistentvolumeclaims", ""),
-    ("list", "", "events", ""),
-    ("list", "", "services", ""),
-    ("list", "", "nodes", ""),
-    ("list", "storage.k8s.io", "storageclasses", ""),
-    ("create", "networking.k8s.io", "networkpolicies", ""),
-    ("list", "networking.k8s.io", "ingresses", ""),
-    ("create", "ray.io", "rayjobs", ""),
-    ("create", "ray.io", "rayclusters", ""),
-    ("create", "ray.io", "rayservices", ""),
-    ("list", "ray.io", "rayclusters", ""),
-    ("list", "batch", "jobs", ""),
-    ("get", "kueue.x-k8s.io", "clusterqueues", ""),
-    ("get", "kueue.x-k8s.io", "localqueues", ""),
-    ("list", "networking.k8s.io", "networkpolicies", ""),
-    ("list", "kueue.x-k8s.io", "workloads", ""),
-)
-
 
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
@@ -85,13 +58,14 @@ def preflight(api: Any, profile: Any, *, server_timeout_s: float = 10.0) -> dict
             f"the cluster at {host} does not serve the APIs this suite needs: " + "; ".join(lines)
             + ". Install KubeRay and Kueue (with their CRDs) and run again; nothing was created")
 
-    denied = denied_access(api, REQUIRED_ACCESS)
+    denied = denied_access(api, access.checks())
     if denied:
         user = _whoami(api)
         raise PreflightError(
             f"{user} may not do what the certification does: cannot " + ", ".join(denied)
-            + ". Run with a kubeconfig bound to cluster-admin (or a ClusterRole granting these verbs); "
-            "nothing was created")
+            + f". Apply the ClusterRole {access.ROLE_NAME} ({access.SHIPPED_ROLE_FILE}) "
+            "and bind it to this identity with a ClusterRoleBinding (the suite creates its own namespaces, so a "
+            "namespaced Role is not enough); nothing was created")
 
     problems = profile_problems(api, profile)
     if problems:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from clusters import access
 from clusters.embedded import build, pki as pki_mod
 from clusters.embedded.addons import ADDON_PROCESSES, Addons
 from clusters.embedded.controlplane import (
@@ -44,6 +45,7 @@ from clusters.embedded.controlplane import (
     StateFile,
     Supervisor,
     listening_ports,
+    write_kubeconfig,
 )
 from clusters.embedded.profile import Profile, load_profile
 from rayproof import timeouts
@@ -71,8 +73,9 @@ def files_digest() -> str:
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for path in sorted(p for p in here.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml")):
-        h.update(f"{path.relative_to(here)}\0".encode())
+    files = sorted(p for p in here.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml"))
+    for path in [*files, access.SHIPPED_ROLE]:  # and the suite's ClusterRole, which up() binds
+        h.update(f"{path.relative_to(here.parents[1])}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -110,6 +113,12 @@ class EmbeddedPlatform:
     def kubeconfig(self) -> Path:
         """Admin kubeconfig (system:masters), certificates embedded."""
         return self.run_dir / "kubeconfig"
+
+    @property
+    def certifier_kubeconfig(self) -> Path:
+        """Kubeconfig of the identity that certifies this platform: user
+        ``rayproof-certifier``, bound to the suite's shipped ClusterRole only."""
+        return self.run_dir / "certifier.kubeconfig"
 
     @property
     def ca_file(self) -> Path:
@@ -242,6 +251,23 @@ class EmbeddedPlatform:
                 if exc.status != 409:
                     raise
 
+    def _grant_certifier(self) -> None:
+        """What a platform's admins do for whoever certifies it: apply the
+        suite's ClusterRole (``clusters/rbac/``) and bind it, and nothing
+        else, to the certifying identity (a client certificate of the
+        platform's CA for user ``rayproof-certifier``, in no group)."""
+        import yaml
+        from kubernetes import client
+
+        pair = self.pki.ca.issue(self.run_dir / "pki", "certifier", access.ROLE_NAME, client=True)
+        write_kubeconfig(self.certifier_kubeconfig, self.api_server_url, self.ca_file, pair, access.ROLE_NAME)
+        rbac = client.RbacAuthorizationV1Api(self.api_client())
+        rbac.create_cluster_role(yaml.safe_load(access.SHIPPED_ROLE.read_text()))
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": access.ROLE_NAME},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": access.ROLE_NAME},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": access.ROLE_NAME}]})
+
     def _start_onboarding(self) -> None:
         """The platform's namespace onboarding (``onboarding/``): team namespaces get their queues and policies."""
         ready = self.run_dir / "onboarding.ready"
@@ -337,6 +363,7 @@ class EmbeddedPlatform:
                 self._start_pod_network()
                 self._start_node_agents()
                 self._apply_baseline()
+                self._grant_certifier()
                 self._start_onboarding()
             except BaseException as exc:
                 self.supervisor.stop_all()

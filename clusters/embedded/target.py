@@ -42,7 +42,8 @@ class EmbeddedTarget:
 
     @property
     def kubeconfig(self) -> Path:
-        return self.platform.kubeconfig
+        """The certifying identity's: the suite's ClusterRole, not the platform's admin."""
+        return self.platform.certifier_kubeconfig
 
     @property
     def identity(self) -> str:
@@ -50,7 +51,9 @@ class EmbeddedTarget:
         return f"embedded platform {self.platform.name} ({self.platform.run_dir})"
 
     def api_client(self) -> Any:
-        return self.platform.api_client()
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     def describe(self) -> dict[str, Any]:
         info = describe_cluster(self.api_client())

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from clusters import preflight as pf
+from clusters import access, preflight as pf
 from rayproof import profile as profile_mod, timeouts
 from rayproof.waiting import wait_for
 
@@ -52,19 +52,39 @@ def test_missing_api_names_what_to_install_and_creates_nothing(kube_api, monkeyp
     assert _namespaces(kube_api) == before
 
 
-@pytest.fixture
-def unprivileged_token(kube_api, run_id: str) -> Iterator[str]:
-    """A service account with no role bindings in a namespace of its own (deleted at teardown)."""
-    core = client.CoreV1Api(kube_api)
+def _service_account_token(target, run_id: str, *, namespaced_admin: bool) -> Iterator[str]:
+    """A token of a service account in a namespace of its own (deleted at
+    teardown), made with the platform's admin identity as a cluster's admins
+    would; with ``namespaced_admin`` it may do anything in that namespace
+    (a RoleBinding to ``admin``), else nothing at all."""
+    admin = target.platform.api_client()
+    core = client.CoreV1Api(admin)
     ns = f"rp-preflight-{secrets.token_hex(2)}"
     core.create_namespace({"metadata": {"name": ns, "labels": {"rayproof.io/run": run_id, "rayproof.io/test": ns}}})
     try:
         wait_for(lambda: core.read_namespaced_service_account("default", ns), timeout=timeouts.CONTROLLER_RECONCILE,
                  description=f"the default service account of {ns}")
+        if namespaced_admin:
+            client.RbacAuthorizationV1Api(admin).create_namespaced_role_binding(ns, {
+                "metadata": {"name": "team-admin"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}]})
         token = core.create_namespaced_service_account_token("default", ns, {"spec": {"expirationSeconds": 600}})
         yield token.status.token
     finally:
         core.delete_namespace(ns)
+
+
+@pytest.fixture
+def unprivileged_token(target, run_id: str) -> Iterator[str]:
+    """A service account with no role bindings."""
+    yield from _service_account_token(target, run_id, namespaced_admin=False)
+
+
+@pytest.fixture
+def namespace_admin_token(target, run_id: str) -> Iterator[str]:
+    """A service account that is admin of its own namespace and has no cluster-wide access."""
+    yield from _service_account_token(target, run_id, namespaced_admin=True)
 
 
 def test_missing_rbac_lists_the_denied_verbs_and_creates_nothing(target, kube_api, unprivileged_token, tmp_path) -> None:
@@ -74,8 +94,47 @@ def test_missing_rbac_lists_the_denied_verbs_and_creates_nothing(target, kube_ap
         pf.preflight(config.new_client_from_config(config_file=str(kc)), profile_mod.load())
     text = str(exc.value)
     assert "may not do what the certification does: cannot create namespaces" in text, text
-    assert "create ray.io/rayjobs" in text and "cluster-admin" in text, text
+    assert "create ray.io/rayjobs" in text and "clusters/rbac/rayproof-certifier.yaml" in text, text
     assert _namespaces(kube_api) == before
+
+
+def test_certify_with_a_namespaced_role_only_is_refused_naming_the_missing_verbs(target, kube_api, namespace_admin_token,
+                                                                                 tmp_path) -> None:
+    """Admin of one namespace is not enough: the suite creates its own
+    namespaces. `certify` exits with preflight's status, names what is
+    missing, and creates nothing."""
+    import subprocess
+    import sys
+
+    from rayproof.cli import PREFLIGHT_EXIT
+
+    kc = _kubeconfig_with(target, tmp_path, token=namespace_admin_token)
+    before = _namespaces(kube_api)
+    proc = subprocess.run([sys.executable, "-m", "rayproof", "certify", "--kubeconfig", str(kc), "-k", "NET-3",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == PREFLIGHT_EXIT, f"exit {proc.returncode}:\n{output[-3000:]}"
+    for missing in ("create namespaces", "list nodes", "create ray.io/rayjobs", "list apps/deployments"):
+        assert missing in output, f"{missing!r} not named:\n{output[-3000:]}"
+    assert "a namespaced Role is not enough" in output, output[-3000:]
+    assert _namespaces(kube_api) == before
+
+
+def test_the_certifying_identity_is_the_shipped_role_and_nothing_more(target, kube_api) -> None:
+    """The embedded platform certifies as user rayproof-certifier, bound to
+    the shipped ClusterRole only: every certification of it runs with
+    exactly that access, which reads no Secret."""
+    review = client.AuthenticationV1Api(kube_api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    assert review.status.user_info.username == "rayproof-certifier", review.status.user_info
+    assert not pf.denied_access(kube_api, access.checks())
+    beyond = [("get", "", "secrets", ""), ("list", "", "secrets", ""), ("create", "rbac.authorization.k8s.io",
+              "clusterrolebindings", ""), ("delete", "", "nodes", ""), ("create", "scheduling.k8s.io", "priorityclasses", ""),
+              ("patch", "kueue.x-k8s.io", "clusterqueues", "")]
+    assert pf.denied_access(kube_api, beyond) == [
+        "get secrets", "list secrets", "create rbac.authorization.k8s.io/clusterrolebindings", "delete nodes",
+        "create scheduling.k8s.io/priorityclasses", "patch kueue.x-k8s.io/clusterqueues"]
 
 
 def test_profile_naming_missing_objects_is_rejected(kube_api) -> None:

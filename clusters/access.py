@@ -1,0 +1,102 @@
+"""What the suite may do on a cluster: one table, read by preflight and rendered as the shipped ClusterRole.
+
+:data:`RULES` lists every API access the certification makes, each with the
+reason. Preflight asks the API server (self-subject access reviews) for each
+verb of each rule before it creates anything; ``clusters/rbac/`` ships the
+same table as a ClusterRole (``python -m clusters.access`` writes it; a test
+keeps the file and the table equal). The embedded platform certifies with an
+identity bound to that ClusterRole and nothing else, so every certification
+of it shows the role is enough.
+
+The role reads no Secrets, creates nothing cluster-scoped but namespaces,
+and writes only in the namespaces the suite creates (Kubernetes RBAC cannot
+say "only namespaces I created": the run label and owner annotation on each
+namespace, and the janitor's refusal to touch any without them, do that).
+Discovery, ``/version`` and self-subject reviews are granted to every
+authenticated user by Kubernetes' default roles and are not listed.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROLE_NAME = "rayproof-certifier"
+SHIPPED_ROLE_FILE = f"clusters/rbac/{ROLE_NAME}.yaml"  # in the repository
+SHIPPED_ROLE = Path(__file__).resolve().parents[1] / SHIPPED_ROLE_FILE
+REGENERATE = f"python -m clusters.access > {SHIPPED_ROLE_FILE}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    group: str
+    resources: tuple[str, ...]  # "pods/log" for a subresource
+    verbs: tuple[str, ...]
+    why: str
+
+
+RULES = (
+    Rule("", ("namespaces",), ("create", "get", "list", "delete"),
+         "each clause's team namespaces: created with the run's label, found again by it, deleted at the end"),
+    Rule("", ("serviceaccounts",), ("get",), "a new namespace is usable once its default ServiceAccount exists"),
+    Rule("", ("pods",), ("create", "get", "list", "delete", "deletecollection"),
+         "probe, load and Redis pods; the preempted worker (TRN-1); pods left at teardown"),
+    Rule("", ("pods/log",), ("get",), "training and probe events, evidence on failure"),
+    Rule("", ("configmaps", "persistentvolumeclaims"), ("create",), "the workload files and the checkpoint claim"),
+    Rule("", ("services",), ("create", "list"),
+         "the Redis a team deploys for GCS fault tolerance; SEC-1 lists every Service for exposed Ray ports"),
+    Rule("", ("endpoints",), ("get",), "GCS-1 waits for the Serve Service's endpoints"),
+    Rule("", ("events",), ("list",), "evidence: the events of the suite's namespaces"),
+    Rule("", ("nodes",), ("list",), "capacity, node health and addresses (SEC-1's NodePort probe)"),
+    Rule("apps", ("deployments",), ("list",), "the KubeRay and Kueue versions in the certificate"),
+    Rule("batch", ("jobs",), ("list",), "KubeRay's submitter Jobs of the suite's RayJobs (ADM sampling)"),
+    Rule("storage.k8s.io", ("storageclasses",), ("list",), "the checkpoint StorageClass the profile names"),
+    Rule("networking.k8s.io", ("networkpolicies",), ("create", "list"),
+         "the faults' deny policies (NET-1, NET-4, NET-3's probe); the platform's policies are read"),
+    Rule("networking.k8s.io", ("ingresses",), ("list",), "SEC-1 lists every Ingress for exposed Ray ports"),
+    Rule("ray.io", ("rayjobs", "rayclusters", "rayservices"),
+         ("create", "get", "list", "delete", "deletecollection", "patch"),
+         "the workloads; patch only drops finalizers that hold one of the suite's namespaces at teardown"),
+    Rule("kueue.x-k8s.io", ("clusterqueues", "localqueues", "workloadpriorityclasses"), ("get",),
+         "the platform's queues and priorities, read and never set"),
+    Rule("kueue.x-k8s.io", ("workloads",), ("list",), "admission of the suite's RayJobs, sampled"),
+)
+
+
+def checks() -> list[tuple[str, str, str, str]]:
+    """Every (verb, group, resource, subresource) of :data:`RULES`, for preflight."""
+    out = []
+    for rule in RULES:
+        for resource in rule.resources:
+            base, _, sub = resource.partition("/")
+            out += [(verb, rule.group, base, sub) for verb in rule.verbs]
+    return out
+
+
+def cluster_role_yaml() -> str:
+    """:data:`RULES` as a ClusterRole manifest, each rule with its reason."""
+    lines = [
+        f"# The access rayproof's certification needs; generated from clusters/access.py ({REGENERATE}).",
+        "# Bind it to the identity that runs `rayproof certify --kubeconfig`, for example:",
+        f"#   kubectl create clusterrolebinding {ROLE_NAME} --clusterrole={ROLE_NAME} --user=<who certifies>",
+        "# No Secrets, nothing cluster-scoped written but namespaces.",
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: ClusterRole",
+        "metadata:",
+        f"  name: {ROLE_NAME}",
+        "  labels:",
+        "    app.kubernetes.io/name: rayproof",
+        "rules:",
+    ]
+    for rule in RULES:
+        lines += [
+            f"  # {rule.why}",
+            f"  - apiGroups: [\"{rule.group}\"]",
+            f"    resources: [{', '.join(rule.resources)}]",
+            f"    verbs: [{', '.join(rule.verbs)}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(cluster_role_yaml())

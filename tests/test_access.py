@@ -1,0 +1,30 @@
+"""The suite's access: one table (clusters/access.py), checked by preflight and shipped as a ClusterRole."""
+from __future__ import annotations
+
+import yaml
+
+from clusters import access
+
+# Cluster-scoped resources; the suite writes none of them but namespaces.
+CLUSTER_SCOPED = {("", "namespaces"), ("", "nodes"), ("storage.k8s.io", "storageclasses"),
+                  ("kueue.x-k8s.io", "clusterqueues"), ("kueue.x-k8s.io", "workloadpriorityclasses")}
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+def test_the_shipped_cluster_role_is_the_table() -> None:
+    assert access.SHIPPED_ROLE.read_text() == access.cluster_role_yaml(), (
+        f"{access.SHIPPED_ROLE_FILE} differs from clusters/access.py; regenerate it: {access.REGENERATE}")
+    role = yaml.safe_load(access.SHIPPED_ROLE.read_text())
+    granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    checked = {(verb, group, resource + (f"/{sub}" if sub else "")) for verb, group, resource, sub in access.checks()}
+    assert granted == checked
+
+
+def test_the_role_reads_no_secret_and_writes_nothing_cluster_scoped_but_namespaces() -> None:
+    checks = access.checks()
+    assert not [c for c in checks if c[2] == "secrets"], "the suite never reads another tenant's secrets"
+    assert all("*" not in (verb, resource) for verb, _, resource, _ in checks)
+    writes = {(group, resource) for verb, group, resource, _ in checks if verb in WRITES} & CLUSTER_SCOPED
+    assert writes == {("", "namespaces")}, writes
+    assert all(rule.why for rule in access.RULES)
