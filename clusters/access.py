@@ -51,8 +51,9 @@ RULES = (
     Rule("apps", ("deployments",), ("list",), "the KubeRay and Kueue versions in the certificate"),
     Rule("batch", ("jobs",), ("list",), "KubeRay's submitter Jobs of the suite's RayJobs (ADM sampling)"),
     Rule("storage.k8s.io", ("storageclasses",), ("list",), "the checkpoint StorageClass the profile names"),
-    Rule("networking.k8s.io", ("networkpolicies",), ("create", "list"),
-         "the faults' deny policies (NET-1, NET-4, NET-3's probe); the platform's policies are read"),
+    Rule("networking.k8s.io", ("networkpolicies",), ("create", "list", "delete"),
+         "the faults' deny policies (NET-1, NET-4, NET-3's probe), removed by the fault's rollback; "
+         "the platform's policies are only read"),
     Rule("networking.k8s.io", ("ingresses",), ("list",), "SEC-1 lists every Ingress for exposed Ray ports"),
     Rule("ray.io", ("rayjobs", "rayclusters", "rayservices"),
          ("create", "get", "list", "delete", "deletecollection", "patch"),
