@@ -43,6 +43,7 @@ def steady_state(kubeconfig: str, namespace: str, context: str = "") -> bool:
 
 def inject(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None, context: str = "") -> str:
     """Apply the deny policy to the workers of ``namespace``; returns its name."""
+    # platform-owned-ok: the fault itself, in the suite's own namespace, removed by revert()
     _kube.networking(kubeconfig, context).create_namespaced_network_policy(namespace, deny_policy(labels))
     return DENY_NAME
 

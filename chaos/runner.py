@@ -2,8 +2,9 @@
 
 The pytest clauses inject every fault this way, so the experiment a user runs
 with ``chaos run`` and the clause are the same code path: steady-state
-hypothesis before and after, the method, and rollbacks that always run. The
-journal (chaostoolkit's record of every activity, its output and timing) is
+hypothesis before and after, the method, and rollbacks that always run (one
+that fails raises :class:`RollbackFailed`, though chaoslib calls the run
+completed). The journal (chaostoolkit's record of every activity, its output and timing) is
 returned and attached to the clause's evidence.
 """
 from __future__ import annotations
@@ -42,7 +43,24 @@ def run(name: str, configuration: Mapping[str, Any], journal_path: Path | None =
         # chaoslib turns SIGTERM/Ctrl-C into an activity failure (rollbacks
         # still ran); the run as a whole must stop, as it would without it.
         raise KeyboardInterrupt(f"experiment {name} was interrupted")
+    failed = [e for e in journal.get("rollbacks", []) if e.get("status") != "succeeded"]
+    if failed:
+        # chaoslib still calls such a run "completed": the fault may be left in
+        # place on the cluster, which no clause may pass over.
+        raise RollbackFailed(f"experiment {name}: rollback " + "; ".join(
+            f"{e['activity']['name']!r} {e.get('status')}: {_error(e)}" for e in failed)
+            + (f" (journal {journal_path})" if journal_path is not None else ""))
     return journal
+
+
+def _error(entry: Mapping[str, Any]) -> str:
+    """An activity's error in one line: chaoslib keeps the traceback as a list of lines, the last one the error."""
+    exc = entry.get("exception") or entry.get("output")
+    return str(exc[-1]).strip() if isinstance(exc, list) and exc else str(exc)
+
+
+class RollbackFailed(RuntimeError):
+    """A fault's rollback did not succeed: the fault may still be in place."""
 
 
 def _interrupted(journal: Mapping[str, Any]) -> bool:
@@ -58,8 +76,7 @@ def output(journal: Mapping[str, Any], activity: str) -> Any:
     for entry in journal.get("run", []):
         if entry["activity"]["name"] == activity:
             if entry.get("status") != "succeeded":
-                raise AssertionError(f"experiment activity {activity!r} {entry.get('status')}: "
-                                     f"{entry.get('exception') or entry.get('output')}")
+                raise AssertionError(f"experiment activity {activity!r} {entry.get('status')}: {_error(entry)}")
             return entry.get("output")
     raise AssertionError(f"experiment activity {activity!r} did not run (journal status {journal.get('status')}, "
                          f"deviated={journal.get('deviated')})")

@@ -41,14 +41,24 @@ def secure_dir(path: Path) -> Path:
     """``path``, created mode 0700 if missing; refused unless it is a real
     directory (no symbolic link) owned by this user that no one else may use."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    problem = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory" if not stat.S_ISDIR(st.st_mode)
-               else f"belongs to uid {st.st_uid}, not {os.geteuid()}" if st.st_uid != os.geteuid()
-               else f"has mode {stat.S_IMODE(st.st_mode):o}: others may use it" if st.st_mode & 0o077 else None)
+    problem = _unsafe(os.lstat(path))
     if problem:
         raise UnsafePath(f"the lock directory {path} {problem}; remove it (the suite recreates it, mode 0700) or set "
                          f"{RUNTIME_DIR_ENV} to a directory of your own")
     return path
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """What makes a lock directory unsafe, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):o}: others may use it"
+    return None
 
 
 def open_lock(path: Path) -> int:

@@ -216,3 +216,24 @@ def test_gcs1_names_each_worker_pod_restarted_or_replaced_and_how_it_ended() -> 
     assert any("w-a restarted (0 -> 1" in c and "Error (exit 1)" in c for c in changed), changed
     assert any("w-b is gone (replaced by ['w-c'])" in c for c in changed), changed
     assert any("w-c is new" in c for c in changed), changed
+
+
+def test_a_failed_rollback_fails_the_run_though_chaoslib_calls_it_completed(tmp_path: Path, monkeypatch) -> None:
+    """A fault whose rollback fails (a 403 on deleting its policy, say) may
+    still be in place: the run raises, naming the rollback and its error."""
+    from chaos import runner
+
+    experiment = {
+        "title": "a rollback that fails", "description": "a method that works, then a rollback that raises",
+        "configuration": {},
+        "method": [{"type": "action", "name": "inject", "provider": {
+            "type": "python", "module": "os.path", "func": "exists", "arguments": {"path": "/"}}}],
+        "rollbacks": [{"type": "action", "name": "remove-the-fault", "provider": {
+            "type": "python", "module": "os", "func": "stat", "arguments": {"path": str(tmp_path / "gone")}}}],
+    }
+    (tmp_path / "rollback-fails.json").write_text(json.dumps(experiment))
+    monkeypatch.setattr(runner, "EXPERIMENTS", tmp_path)
+    with pytest.raises(runner.RollbackFailed, match=r"rollback 'remove-the-fault' failed: .*gone"):
+        runner.run("rollback-fails", {}, journal_path=tmp_path / "journal.json")
+    journal = json.loads((tmp_path / "journal.json").read_text())
+    assert journal["status"] == "completed", "chaoslib itself does not fail such a run"

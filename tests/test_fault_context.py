@@ -149,12 +149,19 @@ def test_context_routes_a_fault_to_its_cluster_not_to_the_current_one(target, ku
     # Through chaostoolkit: the experiment hands its context to every activity.
     # No such RayCluster: the hypothesis is not met, nothing is injected, the rollback lists pods.
     def rollback(context: str) -> dict[str, Any]:
-        journal = runner.run("preempt-worker", {"kubeconfig": kc, "context": context, "namespace": namespace,
-                                                "cluster": "no-such-cluster", "workers": 2, "within_s": 0})
+        journal_path = tmp_path / f"journal-{context or 'current'}.json"
+        try:
+            runner.run("preempt-worker", {"kubeconfig": kc, "context": context, "namespace": namespace,
+                                          "cluster": "no-such-cluster", "workers": 2, "within_s": 0},
+                       journal_path=journal_path)
+        except runner.RollbackFailed as exc:
+            assert "127.0.0.1" in str(exc), exc
+        journal = json.loads(journal_path.read_text())
         assert not journal["run"], f"the method ran: {journal['run']}"
         return journal["rollbacks"][0]
 
     live = rollback(LIVE)
     assert live["status"] == "succeeded" and live["output"] == "0 worker pods of no-such-cluster", live
+    # The rollback against the dead server fails, and the run says so (RollbackFailed).
     dead_rollback = rollback("")
     assert dead_rollback["status"] == "failed" and "127.0.0.1" in json.dumps(dead_rollback, default=str), dead_rollback

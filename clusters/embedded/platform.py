@@ -173,11 +173,13 @@ class EmbeddedPlatform:
         if entry not in cleanups:
             self.state.update(cleanups=[*cleanups, entry])
 
-    def api_client(self) -> Any:
-        """A ``kubernetes.client.ApiClient`` for the admin kubeconfig."""
+    def api_client(self, *, certifier: bool = False) -> Any:
+        """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (with
+        ``certifier``, for the certifying identity's)."""
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(
+            config_file=str(self.certifier_kubeconfig if certifier else self.kubeconfig))
 
     def binaries(self) -> dict[str, Path]:
         """Paths of the pinned upstream programs (builds once if needed)."""

@@ -51,9 +51,7 @@ class EmbeddedTarget:
         return f"embedded platform {self.platform.name} ({self.platform.run_dir})"
 
     def api_client(self) -> Any:
-        from kubernetes import config
-
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return self.platform.api_client(certifier=True)
 
     def describe(self) -> dict[str, Any]:
         info = describe_cluster(self.api_client())
