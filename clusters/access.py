@@ -37,7 +37,8 @@ class Rule:
 
 RULES = (
     Rule("", ("namespaces",), ("create", "get", "list", "delete"),
-         "each clause's team namespaces: created with the run's label, found again by it, deleted at the end"),
+         "each clause's team namespaces and the run's lease namespace: created with the run's label, found again "
+         "by it, deleted at the end (and by a later run's sweep once the run's lease expired)"),
     Rule("", ("serviceaccounts",), ("get",), "a new namespace is usable once its default ServiceAccount exists"),
     Rule("", ("pods",), ("create", "get", "list", "delete", "deletecollection"),
          "probe, load and Redis pods; the preempted worker (TRN-1); pods left at teardown"),
@@ -58,6 +59,9 @@ RULES = (
     Rule("ray.io", ("rayjobs", "rayclusters", "rayservices"),
          ("create", "get", "list", "delete", "deletecollection", "patch"),
          "the workloads; patch only drops finalizers that hold one of the suite's namespaces at teardown"),
+    Rule("coordination.k8s.io", ("leases",), ("create", "list", "patch", "delete"),
+         "each run's lease, in the run's own namespace: renewed while the run lives, read by `clean` and by "
+         "certify's start-up sweep to tell ended runs from live ones on any host"),
     Rule("kueue.x-k8s.io", ("clusterqueues", "localqueues", "workloadpriorityclasses"), ("get",),
          "the platform's queues and priorities, read and never set"),
     Rule("kueue.x-k8s.io", ("workloads",), ("list",), "admission of the suite's RayJobs, sampled"),

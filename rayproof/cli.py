@@ -27,6 +27,7 @@ NO_VERDICT_EXIT = 3  # PARTIAL, INCOMPLETE or NON-DEFAULT: the run speaks for le
 # The same status as fixtures.kube.PREFLIGHT_EXIT, for a plain pytest run.
 PREFLIGHT_EXIT = 4
 INTERNAL_ERROR_EXIT = 5  # the run ended without results (a crash of the suite itself)
+CLEAN_REFUSED_EXIT = 1  # `clean --run ID` of a run whose lease is still renewed
 CERTIFY_EXITS = f"""exit status:
   {CERTIFIED_EXIT}  CERTIFIED: every clause ran to completion and passed, with default bounds
   {NOT_CERTIFIED_EXIT}  NOT CERTIFIED: a clause failed or could not be judged
@@ -147,6 +148,7 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
     running), checked by preflight; an exit status, with the reason printed,
     when it cannot be certified. The workers connect to it; this process owns it."""
     from clusters import open_target
+    from clusters.embedded.platform import PlatformInUse
     from clusters.preflight import PreflightError, preflight
 
     try:
@@ -156,6 +158,9 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
     except (FileNotFoundError, ValueError) as exc:  # a bad --kubeconfig, context, platform name or platform profile
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
+    except PlatformInUse as exc:
+        print(f"rayproof: {exc}; nothing was created", file=sys.stderr)
+        return PREFLIGHT_EXIT
     try:
         preflight(target.api_client(), profile)
     except PreflightError as exc:
@@ -163,6 +168,7 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
         print(f"rayproof preflight: {exc}", file=sys.stderr)
         print("rayproof: the cluster cannot be certified as it is; nothing was created", file=sys.stderr)
         return PREFLIGHT_EXIT
+    sweep_ended_runs(target.api_client())
     return target
 
 
@@ -195,16 +201,64 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_clean(args: argparse.Namespace) -> int:
-    """Remove what interrupted runs left behind (only runs whose owner process is gone)."""
-    from fixtures import janitor
+class BadInput(ValueError):
+    pass
 
-    swept = janitor.sweep(cluster=lambda: janitor.cluster_to_clean(args.kubeconfig, args.context, args.platform_name))
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Remove what ended runs left behind (never a run whose owner lives or whose lease is renewed)."""
+    from fixtures import janitor, leases
+
+    try:
+        older_than_s = _duration_s(args.older_than) if args.older_than else None
+        run_id = leases.check_run_id(args.run) if args.run else None
+    except ValueError as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
+
+    def cluster() -> Any:  # asked after the local sweep has taken down platforms left by dead sessions
+        try:
+            return janitor.cluster_to_clean(args.kubeconfig, args.context, args.platform_name)
+        except Exception as exc:  # noqa: BLE001 - said in one line, as bad input
+            raise BadInput(f"cannot use kubeconfig {args.kubeconfig} (context {args.context or 'current'}): {exc}")
+    try:
+        if run_id:  # nothing local is swept for one run: ask the cluster first
+            api = cluster()
+            if api is None:
+                raise BadInput("--run needs a cluster: pass --kubeconfig (or bring the embedded platform up)")
+            state = leases.run_states(api).get(run_id)
+            if state and state.live:
+                print(f"rayproof: {state.describe()}; not touching it", file=sys.stderr)
+                return CLEAN_REFUSED_EXIT
+            swept = janitor.sweep(cluster=lambda: api, run_id=run_id)
+        else:
+            swept = janitor.sweep(cluster=cluster, older_than_s=older_than_s)
+    except BadInput as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
     for line in swept:
         print(f"rayproof: {line}")
     if not swept:
-        print("rayproof: nothing left behind by earlier runs")
+        print("rayproof: nothing left behind by earlier runs" + (f" of run {run_id}" if run_id else ""))
     return 0
+
+
+def _duration_s(text: str) -> float:
+    """``90s``, ``30m``, ``2h`` or ``1d`` in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.replace(".", "", 1).isdigit():
+        raise ValueError(f"--older-than {text!r}: give a number and a unit, s, m, h or d (for example 2h)")
+    return float(number) * units[unit]
+
+
+def sweep_ended_runs(api: Any) -> None:
+    """certify's start: remove what runs whose lease expired left on the
+    cluster (any host's), and say what was removed."""
+    from fixtures import janitor
+
+    for line in janitor.clean_on_cluster(api, janitor.orphaned_on_cluster(api)):
+        print(f"rayproof: removed what an ended run left: {line}", flush=True)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -255,9 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="where to write certification.{md,json} (default: beside results.json)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("clean", help=cmd_clean.__doc__)
+    p = sub.add_parser("clean", help=cmd_clean.__doc__, epilog=f"exit status: 0 done (what was removed is printed), "
+                       f"{CLEAN_REFUSED_EXIT} --run names a live run, {BAD_INPUT_EXIT} bad input")
     p.add_argument("--kubeconfig", help="also clean this cluster (default: the embedded platform when it runs)")
     p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--run", metavar="ID", help="only this run's namespaces (the rayproof.io/run label), also where "
+                                               "no owner can be judged; refused while the run's lease is renewed")
+    p.add_argument("--older-than", metavar="AGE", help="also namespaces older than AGE (90s, 30m, 2h, 1d) whose "
+                                                       "owner cannot be judged (made by an older rayproof)")
     p.add_argument("--platform-name", default="default", help="embedded platform to clean (default: default)")
     p.set_defaults(func=cmd_clean)
 

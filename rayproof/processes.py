@@ -1,26 +1,45 @@
 """Which process owns what, and signals: the records every layer keeps.
 
-Owner files (``<dir>/owner``: the PID and start time of the process that
-made a local run), users directories (one ``<pid>`` file per process using a
-shared thing, such as an embedded platform), owner tokens for the
-``rayproof.io/owner`` annotation, and the SIGTERM and parent-death handling
-that makes an interrupted session unwind. A PID counts as its process only
-while the process that started at the recorded time runs (a recycled PID is
-not its owner).
+Owner tokens (:class:`Owner`: host, boot id, PID namespace, PID, start
+time and a nonce) for the ``rayproof.io/owner`` annotation, owner files
+(``<dir>/owner``: the token of the process that made a local run), users
+directories (one ``<pid>`` file per process using a shared thing, such as an
+embedded platform), and the SIGTERM and parent-death handling that makes an
+interrupted session unwind. A PID counts as its process only in the boot and
+PID namespace it was recorded in, and only while the process that started at
+the recorded time runs (a recycled PID is not its owner).
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 
+_interrupted = False
+
+
+def note_interrupted() -> None:
+    """This process is unwinding after Ctrl-C or SIGTERM: cleanups ask for
+    deletion and wait for nothing (pytest-xdist gives an interrupted worker
+    about 10 s before it stops it)."""
+    global _interrupted
+    _interrupted = True
+
+
+def interrupted() -> bool:
+    return _interrupted
+
+
 def unwind_on_sigterm(signum, frame) -> None:
     """A SIGTERM handler: SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C,
     so the cleanup of fixtures and of the certify command runs."""
+    note_interrupted()
     raise KeyboardInterrupt(f"signal {signum}")
 
 # A nested pytest session (a self-test's clause run) is started with this set
@@ -48,77 +67,142 @@ def _running(pid: int, started: float) -> bool:
         return False
 
 
-def owner_pid(run_dir: Path) -> int | None:
+# -- owner identity -------------------------------------------------------------
+#
+# A process is named by where its PID means something: the kernel's boot (a
+# reboot, or another machine, has another boot id) and the PID namespace (two
+# containers on one host, even with one hostname, have two). Only a process of
+# this boot and this PID namespace can be judged alive or gone from here; any
+# other owner is judged by its run's lease on the cluster (fixtures/leases.py),
+# never by its PID. The nonce tells apart two owners that reuse a PID.
+TOKEN_PREFIX = "rp2"
+
+
+@dataclass(frozen=True)
+class Owner:
+    host: str
+    boot: str
+    pidns: int
+    pid: int
+    started: float
+    nonce: str
+
+    @property
+    def token(self) -> str:
+        """The owner as one string (the ``rayproof.io/owner`` annotation, owner and users files)."""
+        return "/".join((TOKEN_PREFIX, self.host, self.boot, str(self.pidns), str(self.pid), repr(self.started),
+                         self.nonce))
+
+    @property
+    def local(self) -> bool:
+        """Whether this owner's PID can be judged from here (this boot, this PID namespace)."""
+        here = me()
+        return (self.boot, self.pidns) == (here.boot, here.pidns)
+
+    def alive(self) -> bool | None:
+        """Whether the owner runs; None where that cannot be told from here."""
+        return _running(self.pid, self.started) if self.local else None
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+_nonces: dict[int, str] = {}
+
+
+def me() -> Owner:
+    """This process as an owner (a new nonce in each process, forked ones included)."""
+    proc = psutil.Process(os.getpid())
+    nonce = _nonces.setdefault(proc.pid, secrets.token_hex(4))
+    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), proc.pid, proc.create_time(), nonce)
+
+
+def parse_token(token: str) -> Owner | None:
+    """The owner a token names; None for anything else (a token of an older
+    rayproof, ``host:pid:start``, names no boot or PID namespace and is never
+    judged by its PID)."""
+    parts = token.split("/")
+    if len(parts) != 7 or parts[0] != TOKEN_PREFIX:
+        return None
     try:
-        return int((run_dir / "owner").read_text().partition(" ")[0])
-    except (FileNotFoundError, ValueError):
+        return Owner(parts[1], parts[2], int(parts[3]), int(parts[4]), float(parts[5]), parts[6])
+    except ValueError:
         return None
 
 
-def owner_alive(run_dir: Path) -> bool:
+def owner_token() -> str:
+    """This process's owner token, for the ``rayproof.io/owner`` annotation."""
+    return me().token
+
+
+def token_alive(token: str) -> bool | None:
+    """Whether the process a token names lives: None where that cannot be told
+    from here (another boot or PID namespace, or a token without them)."""
+    owner = parse_token(token)
+    return owner.alive() if owner else None
+
+
+def token_pid(token: str) -> int | None:
+    owner = parse_token(token)
+    return owner.pid if owner else None
+
+
+# -- owner files and users directories ----------------------------------------------
+
+
+def owner_pid(run_dir: Path) -> int | None:
     try:
-        pid, _, started = (run_dir / "owner").read_text().partition(" ")
-        return _running(int(pid), float(started))
-    except (FileNotFoundError, ValueError):
+        return token_pid((run_dir / "owner").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def owner_alive(run_dir: Path) -> bool | None:
+    """Whether the owner recorded in ``<run_dir>/owner`` runs (None: it cannot be told from here)."""
+    try:
+        return token_alive((run_dir / "owner").read_text())
+    except FileNotFoundError:
         return False
 
 
 def write_owner(run_dir: Path) -> None:
-    me = psutil.Process(os.getpid())
-    (run_dir / "owner").write_text(f"{me.pid} {me.create_time()}")
+    (run_dir / "owner").write_text(owner_token())
 
 
 def join_users(users_dir: Path) -> None:
     """Record this process among the users of a shared thing (an embedded
-    platform), as ``<pid>`` files holding the process's start time."""
-    me = psutil.Process(os.getpid())
+    platform), as a ``<pid>`` file holding its owner token."""
     users_dir.mkdir(exist_ok=True)
-    (users_dir / str(me.pid)).write_text(str(me.create_time()))
+    (users_dir / str(os.getpid())).write_text(owner_token())
 
 
 def leave_users(users_dir: Path) -> None:
     (users_dir / str(os.getpid())).unlink(missing_ok=True)
 
 
-def recorded_users(users_dir: Path) -> dict[int, float]:
-    """PID -> start time of every user recorded by :func:`join_users`."""
+def recorded_users(users_dir: Path) -> dict[int, Owner | None]:
+    """PID -> owner of every user recorded by :func:`join_users` (None: a record that names no owner)."""
     users = {}
     for entry in sorted(users_dir.iterdir()) if users_dir.is_dir() else []:
         try:
-            users[int(entry.name)] = float(entry.read_text())
+            users[int(entry.name)] = parse_token(entry.read_text())
         except (OSError, ValueError):
             continue  # being written or removed meanwhile
     return users
 
 
 def live_pids_in(users_dir: Path) -> list[int]:
-    """The recorded users that still run (a reused PID is not taken for its user)."""
-    return [pid for pid, started in recorded_users(users_dir).items() if _running(pid, started)]
-
-
-def owner_token() -> str:
-    """``host:pid:start time`` of this process, for the owner annotation."""
-    me = psutil.Process(os.getpid())
-    return f"{os.uname().nodename}:{me.pid}:{me.create_time()}"
-
-
-def token_alive(token: str) -> bool | None:
-    """Whether the process named by an owner token lives (None: another host's)."""
-    host, _, rest = token.partition(":")
-    pid, _, started = rest.partition(":")
-    if host != os.uname().nodename:
-        return None
-    try:
-        return _running(int(pid), float(started))
-    except ValueError:
-        return False
-
-
-def token_pid(token: str) -> int | None:
-    try:
-        return int(token.split(":")[1])
-    except (IndexError, ValueError):
-        return None
+    """The recorded users that may still run: alive here, or not judgeable from
+    here (a user in another PID namespace keeps the thing shared). A reused PID
+    is not taken for its user; a record that names no owner (an older
+    rayproof's) is no user."""
+    return [pid for pid, owner in recorded_users(users_dir).items()
+            if owner is not None and owner.alive() is not False]
 
 
 def alive(pid: int) -> bool:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from fixtures.kube import OWNER_ANNOTATION, TEST_LABEL
-from rayproof import cli, timeouts
+from rayproof import cli, processes, timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import wait_for
 
@@ -65,10 +65,10 @@ def test_an_interrupted_run_is_incomplete_and_leaves_nothing(target, kube_api, t
         """Namespaces of OPS-1 owned by a process of this certify run (its xdist workers)."""
         if run.poll() is not None:
             return []
-        pids = {str(p.pid) for p in psutil.Process(run.pid).children(recursive=True)}
+        pids = {p.pid for p in psutil.Process(run.pid).children(recursive=True)}
         return [ns.metadata.name for ns in core.list_namespace(label_selector=TEST_LABEL).items
                 if ns.metadata.labels[TEST_LABEL].startswith("ops-1-")
-                and (ns.metadata.annotations or {}).get(OWNER_ANNOTATION, "::").split(":")[1] in pids]
+                and processes.token_pid((ns.metadata.annotations or {}).get(OWNER_ANNOTATION, "")) in pids]
 
     try:
         namespaces = wait_for(its_namespaces, lambda names: bool(names) or run.poll() is not None,

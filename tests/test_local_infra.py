@@ -1,6 +1,7 @@
 """The local building blocks, for real: namespaces that drop packets, cgroups that OOM-kill, the janitor."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_janitor_cleans_an_orphaned_run_and_leaves_live_ones(tmp_path):
     sleeper = subprocess.Popen(host.prefix() + ["sleep", "600"])
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (run_dir / "owner").write_text(f"{dead.pid} 0")
+    (run_dir / "owner").write_text(dataclasses.replace(processes.me(), pid=dead.pid).token)
     live_run = new_run_id()
     live_dir = janitor.TMP / f"rayproof-{live_run}"
     live_dir.mkdir()
@@ -185,7 +186,8 @@ def test_the_last_session_to_leave_a_shared_platform_takes_it_down(tmp_path, mon
     other = subprocess.Popen(["sleep", "600"])
     try:
         processes.join_users(platform.run_dir / "users")
-        (platform.run_dir / "users" / str(other.pid)).write_text(str(psutil.Process(other.pid).create_time()))
+        other_owner = dataclasses.replace(processes.me(), pid=other.pid, started=psutil.Process(other.pid).create_time())
+        (platform.run_dir / "users" / str(other.pid)).write_text(other_owner.token)
         assert platform.leave() == [] and not torn_down, "another session still uses it"
         assert platform.session_users() == [other.pid]
     finally:

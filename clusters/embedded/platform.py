@@ -58,6 +58,7 @@ STATE_VERSION = 1
 # network namespaces and interface names, which are short.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 Progress = Callable[[str], None]
+UNHEALTHY = "it is unhealthy: "
 
 
 def platform_root() -> Path:
@@ -82,6 +83,10 @@ def files_digest() -> str:
 
 def _quiet(_message: str) -> None:
     pass
+
+
+class PlatformInUse(RuntimeError):
+    """The platform would have to be replaced, but test sessions still use it."""
 
 
 class EmbeddedPlatform:
@@ -326,27 +331,36 @@ class EmbeddedPlatform:
         the logs) is kept for diagnosis with phase ``failed``, and the error
         is raised; the next ``up`` or ``down`` clears it.
         """
-        from rayproof.processes import join_users
+        from rayproof.processes import join_users, owner_token
 
         with self._locked():
             binaries = self.binaries()
             reason = self._reuse_blocker(binaries)
             if reason is None:
-                self.progress(f"platform {self.name} is already up: {self.run_dir}")
-                if session and self.session_owned():
-                    if not self.session_users():
-                        self.progress(f"adopting platform {self.name}, left running by a test session that is gone")
-                    join_users(self._users_dir)
-                return self
+                return self._joined(session)
+            users = [pid for pid in self.session_users() if pid != os.getpid()]
+            if users and reason.startswith(UNHEALTHY):  # a loaded machine's slow answer is not a dead platform
+                with contextlib.suppress(WaitTimeout):
+                    wait_for(lambda: self._reuse_blocker(binaries), lambda why: why is None,
+                             timeout=timeouts.CONTROL_PLANE_START, interval=2,
+                             description=f"platform {self.name}, used by sessions {users}, to be healthy again")
+                    return self._joined(session)
+                reason = self._reuse_blocker(binaries) or reason
+            if users:
+                raise PlatformInUse(f"platform {self.name} cannot be replaced ({reason}): test sessions "
+                                    f"{users} still use it; wait for them to end, or stop them, then run again "
+                                    f"(`bin/rayproof down --name {self.name}` takes it down under them)")
             if self.run_dir.exists():
                 self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
                 self._teardown()
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
+            if session:  # recorded before anything starts: `clean` finds a session's platform killed mid-up
+                join_users(self._users_dir)
             versions = build.pinned_versions()
             self.state.update(
                 state_version=STATE_VERSION, name=self.name, phase="starting",
-                owner_pid=os.getpid(), started_at=time.time(),
+                owner_pid=os.getpid(), owner=owner_token(), started_at=time.time(),
                 profile=self.profile.as_dict(), profile_digest=self.profile.digest(), files_digest=files_digest(),
                 bin_dir=str(Path(binaries["kube-apiserver"]).parent), versions=versions,
             )
@@ -374,10 +388,19 @@ class EmbeddedPlatform:
             total = time.monotonic() - t0
             self.state.update(phase="running", ready_at=time.time(),
                               timings={"control_plane_s": round(t_cp, 1), "total_s": round(total, 1)})
-            if session:
-                join_users(self._users_dir)
             self.progress(f"platform {self.name}: up in {total:.1f}s; kubeconfig {self.kubeconfig}")
             return self
+
+    def _joined(self, session: bool) -> "EmbeddedPlatform":
+        """This platform, already up, reused (a session joins its users)."""
+        from rayproof.processes import join_users
+
+        self.progress(f"platform {self.name} is already up: {self.run_dir}")
+        if session and self.session_owned():
+            if not self.session_users():
+                self.progress(f"adopting platform {self.name}, left running by a test session that is gone")
+            join_users(self._users_dir)
+        return self
 
     def _reuse_blocker(self, binaries: Mapping[str, Path]) -> str | None:
         """Why the platform in the run directory cannot be reused (None: it can)."""
@@ -394,7 +417,7 @@ class EmbeddedPlatform:
             return "it was started from other files of the reference platform (clusters/embedded/ changed)"
         bad = {k: v for k, v in self.health().items() if v != "ok"}
         if bad:
-            return "it is unhealthy: " + "; ".join(f"{k}: {v}" for k, v in bad.items())
+            return UNHEALTHY + "; ".join(f"{k}: {v}" for k, v in bad.items())
         return None
 
     def leave(self) -> list[str]:
