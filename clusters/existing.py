@@ -113,24 +113,35 @@ def node_health(api: Any) -> str:
     return "\n".join(bad) if bad else f"all {len(nodes)} nodes Ready, none under pressure"
 
 
-def operator_versions(api: Any) -> dict[str, str]:
-    """KubeRay's and Kueue's versions from their Deployments' image tags ("unknown" when not found)."""
+def operator_deployments(api: Any) -> dict[str, list[Any]]:
+    """KubeRay's and Kueue's Deployments, by operator (empty where none is
+    found: an operator may run outside the cluster)."""
     from kubernetes import client
 
     apps = client.AppsV1Api(api)
     out = {}
     for name, (selector, fallback_name) in OPERATOR_DEPLOYMENTS.items():
-        found = "unknown"
-        try:
-            deps = apps.list_deployment_for_all_namespaces(label_selector=selector).items
-            if not deps:
-                deps = [d for d in apps.list_deployment_for_all_namespaces().items if d.metadata.name == fallback_name]
-            for dep in deps:
-                for c in dep.spec.template.spec.containers:
-                    if ":" in c.image.rsplit("/", 1)[-1]:
-                        found = c.image.rsplit(":", 1)[1]
-                        break
-        except client.ApiException as exc:
-            found = f"unknown (cannot list deployments: HTTP {exc.status})"
-        out[name] = found
+        deps = apps.list_deployment_for_all_namespaces(label_selector=selector).items
+        if not deps:
+            deps = [d for d in apps.list_deployment_for_all_namespaces().items if d.metadata.name == fallback_name]
+        out[name] = deps
     return out
+
+
+def image_tag(deployment: Any) -> str | None:
+    """The tag of the first container image of a Deployment that has one."""
+    for c in deployment.spec.template.spec.containers:
+        if ":" in c.image.rsplit("/", 1)[-1]:
+            return c.image.rsplit(":", 1)[1]
+    return None
+
+
+def operator_versions(api: Any) -> dict[str, str]:
+    """KubeRay's and Kueue's versions from their Deployments' image tags ("unknown" when not found)."""
+    from kubernetes import client
+
+    try:
+        found = operator_deployments(api)
+    except client.ApiException as exc:
+        return {name: f"unknown (cannot list deployments: HTTP {exc.status})" for name in OPERATOR_DEPLOYMENTS}
+    return {name: next((tag for tag in map(image_tag, deps) if tag), "unknown") for name, deps in found.items()}

@@ -1,13 +1,16 @@
 """Checks before a certification run creates anything.
 
 :func:`preflight` reads only (discovery, ``/version``, self-subject access
-reviews, ``get`` of the objects the profile names) and raises one
-:class:`PreflightError` whose message says what is wrong and what to do:
-an unreachable API server, a missing CRD or API version, missing RBAC, or a
-profile naming objects the cluster does not have.
+reviews, the operators' Deployments, nodes, ``get`` of the objects the
+profile names) and raises one :class:`PreflightError` whose message says
+what is wrong and what to do: an unreachable API server, a missing CRD or
+API version, missing RBAC, an operator that is installed but not running or
+older than the clauses need, a cluster where not one gang of the golden
+RayJob's shape fits, or a profile naming objects the cluster does not have.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 from clusters import access
@@ -26,6 +29,15 @@ REQUIRED_APIS = (
 )
 
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+# The oldest operator releases whose behaviour the clauses assert on, read
+# from the operators' image tags where their Deployments are found.
+MIN_OPERATOR_VERSIONS = {
+    "kuberay": ((1, 3, 0), "spec.gcsFaultToleranceOptions (GCS-1, GCS-2)"),
+    "kueue": ((0, 15, 0), "the v1beta2 configuration, waitForPodsReady always on (ADM-3, ADM-4)"),
+}
+# Workers of a gang: a gang of the golden RayJob's shape, as most clauses submit it.
+GANG_WORKERS = 2
+GPU = "nvidia.com/gpu"
 
 
 class PreflightError(RuntimeError):
@@ -66,6 +78,18 @@ def preflight(api: Any, profile: Any, *, server_timeout_s: float = 10.0) -> dict
             + f". Apply the ClusterRole {access.ROLE_NAME} ({access.SHIPPED_ROLE_FILE}) "
             "and bind it to this identity with a ClusterRoleBinding (the suite creates its own namespaces, so a "
             "namespaced Role is not enough); nothing was created")
+
+    problems = operator_problems(api)
+    if problems:
+        raise PreflightError(f"the operators on the cluster at {host} cannot run the clauses: " + "; ".join(problems)
+                             + "; nothing was created")
+
+    fit = workers_that_fit(api, profile)
+    if fit < GANG_WORKERS:
+        raise PreflightError(
+            f"not one gang of the golden RayJob's shape fits the cluster at {host}: {GANG_WORKERS} workers of "
+            f"{_worker_shape(profile)} each, and its Ready, schedulable nodes that the workers tolerate hold {fit} "
+            "(nodes' allocatable). Add capacity, or name a smaller golden RayJob template; nothing was created")
 
     problems = profile_problems(api, profile)
     if problems:
@@ -159,3 +183,68 @@ def profile_problems(api: Any, profile: Any) -> list[str]:
         problems.append("training.checkpoints.storageClassName: not set (the cluster's default StorageClass), but the "
                         "cluster has no default StorageClass; name the ReadWriteMany class for checkpoints")
     return problems
+
+
+def operator_problems(api: Any) -> list[str]:
+    """KubeRay or Kueue Deployments with no available replica (installed but
+    down), or older than :data:`MIN_OPERATOR_VERSIONS`. An operator whose
+    Deployment is not found (one run outside the cluster, the embedded
+    platform's processes) is not judged here."""
+    from clusters.existing import image_tag, operator_deployments
+
+    problems = []
+    for name, deployments in operator_deployments(api).items():
+        if not deployments:
+            continue
+        if not any((d.status.available_replicas or 0) >= 1 for d in deployments):
+            problems.append(f"{name}: Deployment " + ", ".join(
+                f"{d.metadata.namespace}/{d.metadata.name} ({d.status.available_replicas or 0} of "
+                f"{d.spec.replicas} replicas available)" for d in deployments)
+                + " is installed but not running; see `kubectl -n NAMESPACE describe deployment NAME`")
+        minimum, needed_for = MIN_OPERATOR_VERSIONS[name]
+        for d in deployments:
+            version = _version(image_tag(d) or "")
+            if version and version < minimum:
+                problems.append(f"{name}: {d.metadata.namespace}/{d.metadata.name} runs {image_tag(d)}, older than "
+                                f"v{'.'.join(map(str, minimum))} which {needed_for} need; upgrade it")
+    return problems
+
+
+def _version(tag: str) -> tuple[int, int, int] | None:
+    match = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", tag)
+    return tuple(int(x) for x in match.groups()) if match else None  # type: ignore[return-value]
+
+
+def workers_that_fit(api: Any, profile: Any) -> int:
+    """How many workers of the golden RayJob's shape the cluster's Ready,
+    schedulable nodes hold at once, by the resource that binds (GPUs; CPUs on
+    a CPU-only profile), counting only nodes whose NoSchedule and NoExecute
+    taints the worker pod tolerates."""
+    from kubernetes import client
+    from kubernetes.utils import parse_quantity
+
+    resource, per_worker = (GPU, profile.worker_gpus) if profile.worker_gpus else \
+        ("cpu", parse_quantity(profile.worker_cpu))
+    tolerations = profile.worker_tolerations
+    workers = 0
+    for node in client.CoreV1Api(api).list_node().items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        repelled = [t for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")
+                    and not any(_tolerates(tol, t) for tol in tolerations)]
+        if ready and not node.spec.unschedulable and not repelled:
+            workers += int(parse_quantity((node.status.allocatable or {}).get(resource, "0")) // per_worker)
+    return workers
+
+
+def _tolerates(toleration: Any, taint: Any) -> bool:
+    """Kubernetes' toleration rule: same key (or an empty key with Exists),
+    same effect (or none), and Exists or an equal value."""
+    if toleration.get("effect") and toleration["effect"] != taint.effect:
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.key
+    return toleration.get("key") == taint.key and (toleration.get("value") or "") == (taint.value or "")
+
+
+def _worker_shape(profile: Any) -> str:
+    return f"{profile.worker_gpus} {GPU}" if profile.worker_gpus else f"{profile.worker_cpu} CPU"

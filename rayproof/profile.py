@@ -217,6 +217,11 @@ class CertificationProfile:
         return self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
 
     @property
+    def worker_tolerations(self) -> list[Mapping[str, Any]]:
+        """The tolerations of a worker pod of the golden RayJob."""
+        return list(self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"].get("tolerations") or [])
+
+    @property
     def ray_image(self) -> str:
         """The image of the golden RayJob's head: the platform's Ray image (probe pods run it too)."""
         return str(self.cluster_spec("rayJob")["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])

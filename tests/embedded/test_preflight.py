@@ -166,3 +166,60 @@ def test_platform_health_in_failure_evidence_names_a_dead_process_and_its_log(ta
     last_line = Path(rec.log).read_text(errors="replace").splitlines()[-1]
     assert f"unhealthy {{'{rec.name}': 'not running'}}" in text and f"--- {rec.name} (PID {rec.pid})" in text, text
     assert last_line in text, text
+
+
+def _profile_with_worker(tmp_path: Path, change: Any) -> Any:
+    """The default profile with its golden RayJob template's worker pod changed by ``change``."""
+    golden = Path(pf.__file__).resolve().parent / "embedded" / "golden" / "rayjob.yaml"
+    template = yaml.safe_load(golden.read_text())
+    change(template["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"])
+    (tmp_path / "rayjob.yaml").write_text(yaml.safe_dump(template))
+    return profile_mod.load({"templates": {"rayJob": str(tmp_path / "rayjob.yaml")}})
+
+
+def test_a_gang_that_fits_no_node_is_refused_naming_its_shape(kube_api, tmp_path) -> None:
+    def sixteen_gpus(pod: dict) -> None:
+        for part in ("requests", "limits"):
+            pod["containers"][0]["resources"][part]["nvidia.com/gpu"] = "16"
+
+    profile = _profile_with_worker(tmp_path, sixteen_gpus)
+    with pytest.raises(pf.PreflightError, match=r"not one gang .* 2 workers of 16 nvidia.com/gpu each, .* hold 0"):
+        pf.preflight(kube_api, profile)
+
+
+def test_nodes_whose_taints_the_workers_do_not_tolerate_hold_none(kube_api, tmp_path, monkeypatch) -> None:
+    from kubernetes.client import V1Taint
+
+    nodes = client.CoreV1Api(kube_api).list_node().items
+    for node in nodes:
+        node.spec.taints = [V1Taint(key="tenant", value="other", effect="NoSchedule")]
+    listing = type("NodeList", (), {"items": nodes})
+    monkeypatch.setattr(client.CoreV1Api, "list_node", lambda self, **kw: listing)
+    assert pf.workers_that_fit(kube_api, profile_mod.load()) == 0
+
+    def tolerate(pod: dict) -> None:
+        pod["tolerations"] = [{"key": "tenant", "operator": "Equal", "value": "other", "effect": "NoSchedule"}]
+
+    assert pf.workers_that_fit(kube_api, _profile_with_worker(tmp_path, tolerate)) == len(nodes)
+
+
+def test_an_operator_installed_but_down_or_too_old_is_refused(kube_api, monkeypatch) -> None:
+    from kubernetes.client import (V1Container, V1Deployment, V1DeploymentSpec, V1DeploymentStatus,
+                                   V1LabelSelector, V1ObjectMeta, V1PodSpec, V1PodTemplateSpec)
+
+    def deployment(name: str, image: str, available: int) -> V1Deployment:
+        return V1Deployment(metadata=V1ObjectMeta(name=name, namespace="ops"), status=V1DeploymentStatus(
+            available_replicas=available), spec=V1DeploymentSpec(replicas=1, selector=V1LabelSelector(),
+            template=V1PodTemplateSpec(spec=V1PodSpec(containers=[V1Container(name="m", image=image)]))))
+
+    from clusters import existing
+    monkeypatch.setattr(existing, "operator_deployments", lambda api: {
+        "kuberay": [deployment("kuberay-operator", "quay.io/kuberay/operator:v1.2.2", 1)],
+        "kueue": [deployment("kueue-controller-manager", "registry.k8s.io/kueue/kueue:v0.17.0", 0)]})
+    with pytest.raises(pf.PreflightError) as exc:
+        pf.preflight(kube_api, profile_mod.load())
+    text = str(exc.value)
+    assert "kueue: Deployment ops/kueue-controller-manager (0 of 1 replicas available) is installed but not " \
+           "running" in text, text
+    assert "kuberay: ops/kuberay-operator runs v1.2.2, older than v1.3.0" in text, text
+    assert "kueue-controller-manager runs" not in text, "v0.17.0 is new enough"
