@@ -24,6 +24,10 @@ from pathlib import Path
 ROLE_NAME = "rayproof-certifier"
 SHIPPED_ROLE_FILE = f"clusters/rbac/{ROLE_NAME}.yaml"  # in the repository
 SHIPPED_ROLE = Path(__file__).resolve().parents[1] / SHIPPED_ROLE_FILE
+# The PriorityClass the suite's pods run at (profile suitePods.priorityClassName),
+# which a platform's admins apply: the suite creates nothing cluster-scoped but namespaces.
+SHIPPED_PRIORITY_CLASS_FILE = "clusters/rbac/rayproof-priorityclass.yaml"
+SHIPPED_PRIORITY_CLASS = Path(__file__).resolve().parents[1] / SHIPPED_PRIORITY_CLASS_FILE
 REGENERATE = f"python -m clusters.access > {SHIPPED_ROLE_FILE}"
 
 
@@ -52,6 +56,8 @@ RULES = (
     Rule("apps", ("deployments",), ("list",), "the KubeRay and Kueue versions in the certificate"),
     Rule("batch", ("jobs",), ("list",), "KubeRay's submitter Jobs of the suite's RayJobs (ADM sampling)"),
     Rule("storage.k8s.io", ("storageclasses",), ("list",), "the checkpoint StorageClass the profile names"),
+    Rule("scheduling.k8s.io", ("priorityclasses",), ("get",),
+         "the suite pods' PriorityClass the profile names must exist and never preempt (preflight)"),
     Rule("networking.k8s.io", ("networkpolicies",), ("create", "list", "delete"),
          "the faults' deny policies (NET-1, NET-4, NET-3's probe), removed by the fault's rollback; "
          "the platform's policies are only read"),

@@ -157,8 +157,9 @@ def _whoami(api: Any) -> str:
 
 
 def profile_problems(api: Any, profile: Any) -> list[str]:
-    """What the profile names that the cluster lacks (priority classes,
-    the checkpoint StorageClass or, when it names none, a default one)."""
+    """What the profile names that the cluster lacks (priority classes, the
+    suite pods' PriorityClass or one that may preempt, the checkpoint
+    StorageClass or, when it names none, a default one)."""
     from kubernetes import client
 
     objs = client.CustomObjectsApi(api)
@@ -175,6 +176,19 @@ def profile_problems(api: Any, profile: Any) -> list[str]:
     if len(values) == 2 and values["high"] <= values["low"]:
         problems.append(f"kueue.priorityClasses: high ({values['high']}) must have a greater value than "
                         f"low ({values['low']})")
+    suite_class = profile.suite_priority_class
+    if suite_class:
+        try:
+            found = client.SchedulingV1Api(api).read_priority_class(suite_class)
+            if found.preemption_policy != "Never":
+                problems.append(f"suitePods.priorityClassName: PriorityClass {suite_class!r} has preemptionPolicy "
+                                f"{found.preemption_policy}: the suite's pods could preempt other tenants' pods; "
+                                "name one with preemptionPolicy Never")
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            problems.append(f"suitePods.priorityClassName: PriorityClass {suite_class!r} does not exist; have the "
+                            f"cluster's admins apply {access.SHIPPED_PRIORITY_CLASS_FILE}")
     classes = client.StorageV1Api(api).list_storage_class().items
     wanted = profile["training"]["checkpoints"]["storageClassName"]
     if wanted and wanted not in {c.metadata.name for c in classes}:

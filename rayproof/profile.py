@@ -142,6 +142,7 @@ SCHEMA: dict[str, Any] = {
     "serving": {"availabilityTarget": _fraction},
     "operations": {"teardownWithin": duration(positive=True)},
     "cost": {"gpuHourPrice": _price, "currency": _text},
+    "suitePods": {"priorityClassName": optional(_name)},
 }
 
 
@@ -215,6 +216,11 @@ class CertificationProfile:
 
     def _worker(self) -> Mapping[str, Any]:
         return self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+
+    @property
+    def suite_priority_class(self) -> str | None:
+        """The PriorityClass of every pod the suite runs (None: the cluster's default)."""
+        return self["suitePods"]["priorityClassName"]
 
     @property
     def worker_tolerations(self) -> list[Mapping[str, Any]]:

@@ -75,7 +75,7 @@ def files_digest() -> str:
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     files = sorted(p for p in here.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml"))
-    for path in [*files, access.SHIPPED_ROLE]:  # and the suite's ClusterRole, which up() binds
+    for path in [*files, access.SHIPPED_ROLE, access.SHIPPED_PRIORITY_CLASS]:  # and what up() applies of clusters/rbac
         h.update(f"{path.relative_to(here.parents[1])}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -260,8 +260,8 @@ class EmbeddedPlatform:
 
     def _grant_certifier(self) -> None:
         """What a platform's admins do for whoever certifies it: apply the
-        suite's ClusterRole (``clusters/rbac/``) and bind it, and nothing
-        else, to the certifying identity (a client certificate of the
+        suite's ClusterRole and PriorityClass (``clusters/rbac/``) and bind the
+        role, and nothing else, to the certifying identity (a client certificate of the
         platform's CA for user ``rayproof-certifier``, in no group)."""
         import yaml
         from kubernetes import client
@@ -270,6 +270,8 @@ class EmbeddedPlatform:
         write_kubeconfig(self.certifier_kubeconfig, self.api_server_url, self.ca_file, pair, access.ROLE_NAME)
         rbac = client.RbacAuthorizationV1Api(self.api_client())
         rbac.create_cluster_role(yaml.safe_load(access.SHIPPED_ROLE.read_text()))
+        client.SchedulingV1Api(self.api_client()).create_priority_class(
+            yaml.safe_load(access.SHIPPED_PRIORITY_CLASS.read_text()))
         rbac.create_cluster_role_binding({
             "metadata": {"name": access.ROLE_NAME},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": access.ROLE_NAME},

@@ -148,7 +148,7 @@ def start_ray_nodes_observer(lab, ns: str, cluster: str, duration_s: float) -> s
     reports them through the dashboard's state API) once a second for ``duration_s``."""
     url = RAY_NODES_URL.format(host=f"{head_service(lab, ns, cluster)}.{ns}.svc.cluster.local", port=mf.DASHBOARD_PORT)
     name = lab.name("ray-nodes")
-    lab.core.create_namespaced_pod(ns, {
+    lab.create_pod(ns, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(lab.labels)},
         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
             "name": "observe", "image": lab.profile.ray_image,
@@ -277,7 +277,7 @@ def start_load(lab, ns: str, url: str, duration_s: float) -> str:
     name = lab.name("load")
     argv = ["python", f"{LOADGEN_MOUNT}/load_gen.py", "--target", url, "--rate", str(LOAD_RATE),
             "--duration", str(int(duration_s)), "--timeout", str(REQUEST_TIMEOUT_S), "--concurrency", "16"]
-    lab.core.create_namespaced_pod(ns, {
+    lab.create_pod(ns, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(lab.labels)},
         "spec": {"restartPolicy": "Never", "volumes": [{"name": "loadgen", "configMap": {"name": LOADGEN_CONFIGMAP}}],
                  "containers": [{
