@@ -167,3 +167,41 @@ def test_second_call_builds_nothing(built: dict[str, pathlib.Path]) -> None:
     assert again == built
     assert messages == []
     assert elapsed < 10, elapsed
+
+
+@pytest.mark.parametrize("name", ["kube-apiserver", "etcd", "kuberay-operator", "kueue"])
+def test_every_module_in_a_binary_is_the_committed_go_sum_s(built: dict[str, pathlib.Path], name: str) -> None:
+    """Built read-only from clusters/embedded/gomod/: each module compiled in
+    is listed, with the same hash, in the committed go.sum of its component."""
+    component = {"kube-apiserver": "kubernetes", "kuberay-operator": "kuberay"}.get(name, name)
+    go_sum = (build.LOCKED_MODULES / component / "go.sum").read_text()
+    modules = re.findall(r"^\t(?:dep|=>)\t(\S+)\t(\S+)\t(h1:\S+)$", _build_info(built[name]), re.M)
+    assert len(modules) > 10, modules
+    missing = [f"{mod} {version} {digest}" for mod, version, digest in modules
+               if f"{mod} {version} {digest}\n" not in go_sum]
+    assert not missing, missing
+
+
+def test_the_go_environment_is_fixed_by_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "auto", "GOPROXY": "https://example.invalid,direct",
+                        "GOSUMDB": "off", "GONOSUMDB": "*", "GOPRIVATE": "*", "GOINSECURE": "*"}.items():
+        monkeypatch.setenv(name, value)
+    env = build._go_env(VERSIONS)
+    assert (env["GOFLAGS"], env["GOTOOLCHAIN"], env["GOPROXY"], env["GOSUMDB"]) == (
+        "-buildvcs=false", "local", "https://proxy.golang.org", "sum.golang.org")
+    assert env["GONOSUMDB"] == env["GOPRIVATE"] == env["GOINSECURE"] == ""
+
+
+def test_a_lock_made_for_other_pins_is_refused(built, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    locked = tmp_path / "gomod"
+    shutil.copytree(build.LOCKED_MODULES, locked)
+    template = locked / "kuberay" / "go.mod.in"
+    template.write_text(template.read_text().replace(VERSIONS["kuberay"]["version"], "v1.4.0"))
+    monkeypatch.setattr(build, "LOCKED_MODULES", locked)
+    versions = build.load_versions()
+    env = build._go_env(versions)
+    (tmp_path / "src").mkdir()
+    with pytest.raises(RuntimeError, match=r"resolved for other pins .* --relock"):
+        build._prepare("kuberay", tmp_path / "src", versions, go=build._go_exe(), env=env, progress=lambda m: None)

@@ -63,7 +63,12 @@ VERSIONS_FILE = HERE / "versions.toml"
 
 # Bump when a change here alters what gets built (flags, layout, generated
 # go.mod), so that caches made by the old recipe are not reused.
-RECIPE = "1"
+RECIPE = "2"
+# The consumer modules' resolved go.mod and go.sum, committed: a build uses
+# them read-only (-mod=readonly), so every module and its hash is fixed in the
+# repository; `python -m clusters.embedded.build --relock` rewrites them.
+LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
+COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue")
 
 BINARIES = (
     "etcd",
@@ -77,6 +82,11 @@ MARKER = ".complete"
 # Bump when the set or layout of copied manifests changes: a finished build
 # then gets its manifests/ re-copied from the module cache, with no rebuild.
 MANIFESTS_RECIPE = "2"
+# The consumer modules' resolved go.mod and go.sum, committed: a build uses
+# them read-only (-mod=readonly), so every module and its hash is fixed in the
+# repository; `python -m clusters.embedded.build --relock` rewrites them.
+LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
+COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue")
 PROGRESS_INTERVAL_S = 30.0
 
 # Where the main package lives inside each operator's module.
@@ -150,15 +160,24 @@ def _go_exe() -> str:
 
 
 def _go_env(versions: dict) -> dict[str, str]:
+    """The go command's environment, fixed by the build: nothing of the
+    user's Go settings decides what is fetched, verified or built."""
     env = dict(os.environ)
     env["CGO_ENABLED"] = "0"
     env["GOWORK"] = "off"
     # The user's GOFLAGS (e.g. -mod=vendor) must not leak into these builds;
     # the generated modules may sit inside someone's git work tree.
     env["GOFLAGS"] = "-buildvcs=false"
-    toolchain = versions.get("go", {}).get("toolchain", "")
-    if toolchain:
-        env["GOTOOLCHAIN"] = toolchain
+    # The machine's own go, unless versions.toml pins a toolchain: a go.mod
+    # never downloads one.
+    env["GOTOOLCHAIN"] = versions.get("go", {}).get("toolchain", "") or "local"
+    # Modules only from the module proxy (no VCS fallback), each checked
+    # against the committed go.sum and, for anything not in it, the checksum
+    # database; nothing exempted. RAYPROOF_GOPROXY names a mirror of the proxy.
+    env["GOPROXY"] = os.environ.get("RAYPROOF_GOPROXY", "https://proxy.golang.org")
+    env["GOSUMDB"] = "sum.golang.org"
+    for name in ("GONOSUMDB", "GONOSUMCHECK", "GONOPROXY", "GOPRIVATE", "GOINSECURE"):
+        env[name] = ""
     return env
 
 
@@ -191,6 +210,9 @@ def build_key(versions_bytes: bytes, goversion: str) -> str:
     h = hashlib.sha256()
     h.update(f"recipe={RECIPE}\ngo={goversion}\n".encode())
     h.update(versions_bytes)
+    for path in sorted(LOCKED_MODULES.rglob("go.*")):  # the committed go.mod and go.sum files
+        h.update(f"{path.relative_to(LOCKED_MODULES)}\0".encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -418,8 +440,11 @@ def _prepare(
     go: str,
     env: dict[str, str],
     progress: Progress,
+    relock: bool = False,
 ) -> tuple[_Component, dict]:
-    """Write the consumer module for one component and resolve it (go mod tidy)."""
+    """Write the consumer module for one component from its committed go.mod
+    and go.sum (``clusters/embedded/gomod/<name>/``); with ``relock``, resolve
+    it afresh (go mod tidy) and write those files."""
     pin = versions[name]
     mod, ver = pin["module"], pin["version"]
     info = _module_info(mod, ver, go=go, env=env, cwd=src)
@@ -470,19 +495,26 @@ def _prepare(
     else:  # pragma: no cover - programming error
         raise ValueError(name)
 
-    tpl = mdir / "go.mod.in"
-    stamp = mdir / ".tidy-ok"
-    changed = _write_if_changed(tpl, text)
-    if changed or not stamp.exists() or not (mdir / "go.sum").exists():
-        stamp.unlink(missing_ok=True)
+    locked = LOCKED_MODULES / name
+    if relock:
         _write_if_changed(mdir / "go.mod", text)
         (mdir / "go.sum").unlink(missing_ok=True)
         t0 = time.monotonic()
         progress(f"  {name}: resolving modules ({mod}@{ver}; go mod tidy)")
         _run_go(["mod", "tidy"], go=go, env=env, cwd=mdir, label=name, progress=progress,
                 what="resolving/downloading modules")
-        stamp.write_text("ok\n")
-        progress(f"  {name}: modules resolved in {_fmt_s(time.monotonic() - t0)}")
+        locked.mkdir(parents=True, exist_ok=True)
+        (locked / "go.mod.in").write_text(text)
+        for lock_file in ("go.mod", "go.sum"):
+            shutil.copyfile(mdir / lock_file, locked / lock_file)
+        progress(f"  {name}: modules resolved in {_fmt_s(time.monotonic() - t0)}, locked in {locked}")
+    elif not (locked / "go.mod.in").is_file() or (locked / "go.mod.in").read_text() != text:
+        raise RuntimeError(f"{locked} was resolved for other pins than clusters/embedded/versions.toml's "
+                           f"({mod}@{ver}); run `python -m clusters.embedded.build --relock` and commit "
+                           "clusters/embedded/gomod/")
+    else:
+        for lock_file in ("go.mod", "go.sum"):
+            _write_if_changed(mdir / lock_file, (locked / lock_file).read_text())
     return _Component(name, mdir, builds), info
 
 
@@ -651,7 +683,7 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
         )
         timings: dict[str, float] = {}
         infos: dict[str, dict] = {}
-        for name in ("etcd", "kubernetes", "kuberay", "kueue"):
+        for name in COMPONENTS:
             t0 = time.monotonic()
             comp, infos[name] = _prepare(name, src, versions, go=go, env=env, progress=progress)
             timings[f"{name}:modules"] = round(time.monotonic() - t0, 1)
@@ -664,7 +696,7 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
                 progress(f"[{binary}] building {pkg}")
                 try:
                     listed = _go_capture(
-                        ["list", "-deps", *(["-tags", tags] if tags else []), pkg],
+                        ["list", "-mod=readonly", "-deps", *(["-tags", tags] if tags else []), pkg],
                         go=go, env=env, cwd=comp.dir,
                     )
                     total = len(listed.split())
@@ -672,7 +704,7 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
                     total = None
                 tmp = staging / f".{binary}.tmp"
                 tmp.unlink(missing_ok=True)
-                args = ["build", "-v", "-trimpath"]
+                args = ["build", "-mod=readonly", "-v", "-trimpath"]  # go.mod and go.sum as committed
                 if tags:
                     args += ["-tags", tags]
                 args += ["-ldflags", ldflags, "-o", str(tmp), pkg]
@@ -707,6 +739,20 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
         return _result(final)
 
 
+def relock(progress: Callable[[str], None] = print) -> None:
+    """Resolve every component's consumer module afresh and write its go.mod
+    and go.sum to ``clusters/embedded/gomod/`` (after a pin in versions.toml
+    changed); builds nothing."""
+    versions = tomllib.loads(VERSIONS_FILE.read_text())
+    go = _go_exe()
+    env = _go_env(versions)
+    _check_go(versions, _go_version(go, env))
+    src = cache_root() / "src" / "relock"
+    src.mkdir(parents=True, exist_ok=True)
+    for name in COMPONENTS:
+        _prepare(name, src, versions, go=go, env=env, progress=progress, relock=True)
+
+
 def manifests_dir(progress: Callable[[str], None] = print) -> pathlib.Path:
     """The directory of copied CRDs/webhook manifests (builds if needed)."""
     return ensure_built(progress)["manifests"]
@@ -724,10 +770,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--json", action="store_true", help="print the paths as JSON")
+    parser.add_argument("--relock", action="store_true",
+                        help="resolve the pinned modules afresh into clusters/embedded/gomod/ (go.mod, go.sum); "
+                             "run after changing versions.toml, then commit them")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     log: Progress = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
+        if args.relock:
+            relock(log)
+            return 0
         paths = ensure_built(log)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
