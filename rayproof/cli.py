@@ -321,11 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("bench", help=cmd_bench.__doc__)
-    p.add_argument("name", choices=["training", "certification"],
+    p.add_argument("name", choices=["training", "certification", "interruptions"],
                    help="training: step, checkpoint and restart figures on a local Ray cluster; certification: "
-                        "a certify run's wall time and where this machine's CPU went")
+                        "a certify run's wall time and where this machine's CPU went; interruptions: certify "
+                        "interrupted N times at random points, and what each left after the next start's sweep")
     p.add_argument("options", nargs=argparse.REMAINDER,
-                   help="certification only: certify's options (-k, --kubeconfig, --profile, ...)")
+                   help="certification: certify's options (-k, --kubeconfig, --profile, ...); "
+                        "interruptions: --runs N, --seed S, -k EXPR")
     p.set_defaults(func=cmd_bench)
 
     for name, text in (("up", "start the embedded Kubernetes platform (idempotent); prints the kubeconfig"),
