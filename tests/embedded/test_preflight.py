@@ -17,8 +17,38 @@ from rayproof.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 
-def _namespaces(api: Any) -> set[str]:
-    return {n.metadata.name for n in client.CoreV1Api(api).list_namespace().items}
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every request this process sends that could change the cluster (a
+    method other than GET), but for the self-subject reviews preflight asks;
+    other tests' namespaces, made meanwhile on the shared platform, are not
+    in it."""
+    import threading
+
+    seen: list[str] = []
+    call_api = client.ApiClient.call_api
+    test_thread = threading.current_thread()  # not the run lease's renewals
+
+    def recording(self, method, url, *args, **kwargs):  # the client's call_api(method, url, ...)
+        if threading.current_thread() is test_thread and method.upper() != "GET" and "selfsubject" not in url:
+            seen.append(f"{method} {url}")
+        return call_api(self, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(client.ApiClient, "call_api", recording)
+    return seen
+
+
+def _contents(api: Any, namespace: str) -> set[str]:
+    """What a namespace holds that an identity admin of it could have made."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    found = {f"pod/{o.metadata.name}" for o in core.list_namespaced_pod(namespace).items}
+    found |= {f"configmap/{o.metadata.name}" for o in core.list_namespaced_config_map(namespace).items}
+    found |= {f"pvc/{o.metadata.name}" for o in core.list_namespaced_persistent_volume_claim(namespace).items}
+    found |= {f"lease/{o.metadata.name}" for o in client.CoordinationV1Api(api).list_namespaced_lease(namespace).items}
+    for plural in ("rayjobs", "rayclusters", "rayservices"):
+        found |= {f"{plural}/{o['metadata']['name']}"
+                  for o in custom.list_namespaced_custom_object("ray.io", "v1", namespace, plural)["items"]}
+    return found
 
 
 def _kubeconfig_with(target: Any, tmp_path: Path, *, server: str | None = None, token: str | None = None) -> Path:
@@ -39,8 +69,7 @@ def test_unreachable_api_server_is_one_clear_message(target, tmp_path) -> None:
         pf.preflight(api, profile_mod.load(), server_timeout_s=3)
 
 
-def test_missing_api_names_what_to_install_and_creates_nothing(kube_api, monkeypatch) -> None:
-    before = _namespaces(kube_api)
+def test_missing_api_names_what_to_install_and_creates_nothing(kube_api, monkeypatch, writes) -> None:
     monkeypatch.setattr(pf, "REQUIRED_APIS", (*pf.REQUIRED_APIS,
                                               ("ray.io", "v1", "rayfoos", "a KubeRay with RayFoos"),
                                               ("kueue.x-k8s.io", "v9", "clusterqueues", "Kueue v9")))
@@ -49,11 +78,11 @@ def test_missing_api_names_what_to_install_and_creates_nothing(kube_api, monkeyp
     text = str(exc.value)
     assert "ray.io/v1 rayfoos (install a KubeRay with RayFoos)" in text and "kueue.x-k8s.io/v9 clusterqueues" in text, text
     assert "rayclusters" not in text, f"served APIs reported missing: {text}"
-    assert _namespaces(kube_api) == before
+    assert writes == []
 
 
-def _service_account_token(target, run_id: str, *, namespaced_admin: bool) -> Iterator[str]:
-    """A token of a service account in a namespace of its own (deleted at
+def _service_account_token(target, run_id: str, *, namespaced_admin: bool) -> Iterator[tuple[str, str]]:
+    """A token of a service account and its namespace of its own (deleted at
     teardown), made with the platform's admin identity as a cluster's admins
     would; with ``namespaced_admin`` it may do anything in that namespace
     (a RoleBinding to ``admin``), else nothing at all."""
@@ -70,7 +99,7 @@ def _service_account_token(target, run_id: str, *, namespaced_admin: bool) -> It
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
                 "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}]})
         token = core.create_namespaced_service_account_token("default", ns, {"spec": {"expirationSeconds": 600}})
-        yield token.status.token
+        yield token.status.token, ns
     finally:
         core.delete_namespace(ns)
 
@@ -78,24 +107,25 @@ def _service_account_token(target, run_id: str, *, namespaced_admin: bool) -> It
 @pytest.fixture
 def unprivileged_token(target, run_id: str) -> Iterator[str]:
     """A service account with no role bindings."""
-    yield from _service_account_token(target, run_id, namespaced_admin=False)
+    for token, _ in _service_account_token(target, run_id, namespaced_admin=False):
+        yield token
 
 
 @pytest.fixture
-def namespace_admin_token(target, run_id: str) -> Iterator[str]:
-    """A service account that is admin of its own namespace and has no cluster-wide access."""
+def namespace_admin_token(target, run_id: str) -> Iterator[tuple[str, str]]:
+    """A service account that is admin of its own namespace (token, namespace), no cluster-wide access."""
     yield from _service_account_token(target, run_id, namespaced_admin=True)
 
 
-def test_missing_rbac_lists_the_denied_verbs_and_creates_nothing(target, kube_api, unprivileged_token, tmp_path) -> None:
+def test_missing_rbac_lists_the_denied_verbs_and_creates_nothing(target, kube_api, unprivileged_token, tmp_path,
+                                                                writes) -> None:
     kc = _kubeconfig_with(target, tmp_path, token=unprivileged_token)
-    before = _namespaces(kube_api)
     with pytest.raises(pf.PreflightError) as exc:
         pf.preflight(config.new_client_from_config(config_file=str(kc)), profile_mod.load())
     text = str(exc.value)
     assert "may not do what the certification does: cannot create namespaces" in text, text
     assert "create ray.io/rayjobs" in text and "clusters/rbac/rayproof-certifier.yaml" in text, text
-    assert _namespaces(kube_api) == before
+    assert writes == []
 
 
 def test_certify_with_a_namespaced_role_only_is_refused_naming_the_missing_verbs(target, kube_api, namespace_admin_token,
@@ -108,8 +138,10 @@ def test_certify_with_a_namespaced_role_only_is_refused_naming_the_missing_verbs
 
     from rayproof.cli import PREFLIGHT_EXIT
 
-    kc = _kubeconfig_with(target, tmp_path, token=namespace_admin_token)
-    before = _namespaces(kube_api)
+    token, own = namespace_admin_token
+    kc = _kubeconfig_with(target, tmp_path, token=token)
+    admin = target.platform.api_client()
+    before = _contents(admin, own)
     proc = subprocess.run([sys.executable, "-m", "rayproof", "certify", "--kubeconfig", str(kc), "-k", "NET-3",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])
@@ -118,7 +150,8 @@ def test_certify_with_a_namespaced_role_only_is_refused_naming_the_missing_verbs
     for missing in ("create namespaces", "list nodes", "create ray.io/rayjobs", "list apps/deployments"):
         assert missing in output, f"{missing!r} not named:\n{output[-3000:]}"
     assert "a namespaced Role is not enough" in output, output[-3000:]
-    assert _namespaces(kube_api) == before
+    # RBAC lets it create namespaces nowhere; the one namespace it may write in holds what it held.
+    assert _contents(admin, own) == before
 
 
 def test_the_certifying_identity_is_the_shipped_role_and_nothing_more(target, kube_api) -> None:
