@@ -200,3 +200,19 @@ def test_a_run_lease_is_live_while_held_and_gone_with_its_last_holder(kube_api) 
         second.release()
     state = leases.run_states(kube_api).get(run_id)
     assert state is None or not state.live, state
+
+
+def test_a_session_removes_the_lease_its_killed_workers_could_not_give_back(kube_api) -> None:
+    """xdist stops interrupted workers before they give their Lease back: the
+    session's controller removes the run's lease namespace once every holder
+    is one of its workers and gone, though the lease has not expired yet."""
+    worker = dataclasses.replace(processes.me(), pid=_gone_pid(), nonce="w0rker")
+    run = PlayedRun(kube_api, worker, dt.datetime.now(dt.timezone.utc))
+    try:
+        assert leases.run_states(kube_api)[run.run_id].live, "renewed a moment ago"
+        assert _found(kube_api, run, owners={worker.pid + 1}) == set(), "not this session's worker"
+        assert _found(kube_api, run, owners={worker.pid}) == run.namespaces
+        assert _found(kube_api, run) == {run.team_namespace}, \
+            "without the session's word only the team namespace, whose owner is gone here, goes before the lease expires"
+    finally:
+        run.remove()
