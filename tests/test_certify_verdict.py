@@ -21,7 +21,10 @@ from rayproof import cli, processes, timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+# Its certify runs sweep ended runs at start: one at a time with the tests
+# that play ended runs (tests/test_run_leases.py), which they would remove.
+CERTIFY_SWEEPS = pytest.mark.xdist_group("certify-sweeps")
+pytestmark = [pytest.mark.slow, CERTIFY_SWEEPS]
 
 REPO = Path(__file__).resolve().parents[1]
 CERTIFY_RUN = Tier("certify_subset_run", 900, "a certify run of one clause, platform join and teardown included")

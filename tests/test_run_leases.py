@@ -22,6 +22,7 @@ from fixtures import janitor, leases
 from fixtures.kube import OWNER_ANNOTATION, release_namespace
 from rayproof import cli, processes, timeouts
 from rayproof.waiting import wait_for
+from tests.test_certify_verdict import CERTIFY_SWEEPS
 
 
 def test_an_owner_token_names_boot_pid_namespace_process_and_nonce() -> None:
@@ -60,6 +61,9 @@ def test_older_than_rejects_what_is_not_a_duration(bad: str) -> None:
 
 
 # -- on the session's platform ------------------------------------------------------------
+# The played runs below are other runs' objects: a certify starting beside these
+# tests would sweep the ended ones, so they share certify's xdist group.
+ON_THE_PLATFORM = CERTIFY_SWEEPS
 
 
 def _run_id() -> str:
@@ -143,6 +147,7 @@ def _found(api: Any, run: PlayedRun, **kwargs: Any) -> set[str]:
     return {left.namespace for left in janitor.orphaned_on_cluster(api, **kwargs) if left.run_id == run.run_id}
 
 
+@ON_THE_PLATFORM
 def test_a_run_of_another_container_with_this_host_and_pid_is_never_swept(kube_api, other_container,
                                                                           killed_runner) -> None:
     """Two runs with the same host name and PID space never delete each
@@ -168,6 +173,7 @@ def test_a_run_of_another_container_with_this_host_and_pid_is_never_swept(kube_a
     assert other_container.present() == other_container.namespaces
 
 
+@ON_THE_PLATFORM
 def test_clean_run_refuses_a_live_run_and_removes_an_ended_one(target, kube_api, other_container, killed_runner,
                                                                capsys) -> None:
     kubeconfig = ["--kubeconfig", str(target.kubeconfig)]
@@ -184,6 +190,7 @@ def test_clean_run_refuses_a_live_run_and_removes_an_ended_one(target, kube_api,
     assert cli.main(["clean", "--run", "Not/A-Run", *kubeconfig]) == cli.BAD_INPUT_EXIT
 
 
+@ON_THE_PLATFORM
 def test_a_run_lease_is_live_while_held_and_gone_with_its_last_holder(kube_api) -> None:
     run_id = _run_id()
     first = leases.RunLease(kube_api, run_id).acquire()
@@ -202,6 +209,7 @@ def test_a_run_lease_is_live_while_held_and_gone_with_its_last_holder(kube_api) 
     assert state is None or not state.live, state
 
 
+@ON_THE_PLATFORM
 def test_a_session_removes_the_lease_its_killed_workers_could_not_give_back(kube_api) -> None:
     """xdist stops interrupted workers before they give their Lease back: the
     session's controller removes the run's lease namespace once every holder
