@@ -180,6 +180,8 @@ def _certify_pytest_args(args: argparse.Namespace, out: Path, results: Path) -> 
     for option in ("kubeconfig", "context", "profile", "platform_name", "platform_profile"):
         if getattr(args, option):
             pytest_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    if args.reveal_tenant_names:
+        pytest_args.append("--reveal-tenant-names")
     return pytest_args
 
 
@@ -298,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="certification profile YAML merged over rayproof/profile.yaml")
     p.add_argument("--platform-name", help="embedded platform: its name (default: default)")
     p.add_argument("--platform-profile", help="embedded platform: its platform profile YAML")
+    p.add_argument("--reveal-tenant-names", action="store_true",
+                   help="record other tenants' Service and Ingress names in the evidence as they are (default: "
+                        "hashed, sha256 of namespace/name, for a certificate meant to be published)")
     p.set_defaults(func=cmd_certify)
 
     p = sub.add_parser("test", help=cmd_test.__doc__)

@@ -206,3 +206,20 @@ def test_probe_refuses_what_is_not_an_endpoint():
     with pytest.raises(ValueError):
         probe_endpoints([{"address": "127.0.0.1"}])
     assert probe_endpoints([]) == []
+
+
+def test_other_tenants_names_and_hosts_are_hashed_the_suites_own_kept():
+    own = service("rp-sec-1-ab12-a", "suite-head", "NodePort",
+                  [k.V1ServicePort(name="gcs", port=6379, node_port=30379)])
+    theirs = service("payroll", "payroll-ray-head", "NodePort",
+                     [k.V1ServicePort(name="gcs", port=6379, node_port=30380)])
+    head = service("payroll", "head", "ClusterIP", [k.V1ServicePort(name="dashboard", port=8265)])
+    api = FakeApi(NODES, [own, theirs, head], [ingress("payroll", "ray-ui", "head", 8265, host="ray.payroll.example")])
+    shown = exposure.tenant_names_hashed(exposed_endpoints(api, api), ["rp-sec-1-ab12-a"])
+    text = json.dumps(shown)
+    assert "payroll" not in text, text
+    assert {e["name"] for e in shown if e["namespace"] == "rp-sec-1-ab12-a"} == {"suite-head"}
+    hashed = {e["name"] for e in shown if e["namespace"] != "rp-sec-1-ab12-a"}
+    assert hashed == {exposure.tenant_names_hashed([{"namespace": "payroll", "name": n}], [])[0]["name"]
+                      for n in ("payroll-ray-head", "ray-ui")}, "one object, one hash"
+    assert all(e["address"].startswith("tenant-") for e in shown if e["via"] == "ingress")
