@@ -28,6 +28,7 @@ NO_VERDICT_EXIT = 3  # PARTIAL, INCOMPLETE or NON-DEFAULT: the run speaks for le
 PREFLIGHT_EXIT = 4
 INTERNAL_ERROR_EXIT = 5  # the run ended without results (a crash of the suite itself)
 CLEAN_REFUSED_EXIT = 1  # `clean --run ID` of a run whose lease is still renewed
+VERIFY_FAILED_EXIT = 1  # `verify BUNDLE`: a file or the certificate differs from what the bundle says
 CERTIFY_EXITS = f"""exit status:
   {CERTIFIED_EXIT}  CERTIFIED: every clause ran to completion and passed, with default bounds
   {NOT_CERTIFIED_EXIT}  NOT CERTIFIED: a clause failed or could not be judged
@@ -52,12 +53,14 @@ def cmd_test(args: argparse.Namespace) -> int:
     return _pytest([*parallel, str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
 
 
-def local_platform() -> dict[str, str]:
+def runner_rows() -> dict[str, str]:
+    """The host that ran the suite, with the Ray and torch its clauses drive
+    (the platform's own components are in the rows of the target)."""
     import ray
     import torch
 
     return {
-        "platform": "local multi-node Ray (no Kubernetes): one network namespace per node",
+        "runner": "the host that ran the suite",
         "ray": ray.__version__,
         "torch": torch.__version__,
         "python": pyplatform.python_version(),
@@ -90,8 +93,10 @@ def target_rows(target: dict | None) -> dict[str, str]:
 
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary."""
+    import yaml
+
     from rayproof import processes, profile as profile_mod
-    from reports import summary as summary_mod
+    from reports import bundle, summary as summary_mod
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
         print(f"rayproof: kubeconfig {args.kubeconfig} does not exist; pass the path of a kubeconfig file "
@@ -135,10 +140,15 @@ def cmd_certify(args: argparse.Namespace) -> int:
     recorded = json.loads(results.read_text())
     recorded["target"] = described  # the workers each know it; the run's record keeps it once
     results.write_text(json.dumps(recorded, indent=2, default=str))
-    platform = {**local_platform(), **target_rows(described)}
+    runner = runner_rows()
+    platform = {**runner, **target_rows(described)}
     platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"
     summary = summary_mod.write(results, platform, out)
+    archive = bundle.write(out, profile_yaml=yaml.safe_dump(profile.data, sort_keys=False),
+                           templates=described.get("golden_templates") or {},
+                           versions=bundle.versions(described, runner, REPO))
     print(f"rayproof: {summary['verdict']} — {summary['verdict_reason']} — {out / 'certification.md'}")
+    print(f"rayproof: evidence bundle {archive} (check it offline: bin/rayproof verify {archive})")
     return {summary_mod.CERTIFIED: CERTIFIED_EXIT, summary_mod.NOT_CERTIFIED: NOT_CERTIFIED_EXIT}.get(
         summary["verdict"], NO_VERDICT_EXIT)
 
@@ -200,6 +210,31 @@ def cmd_report(args: argparse.Namespace) -> int:
         if (results.parent / "certification.json").exists() else {"platform": "unknown (regenerated)"}
     summary = summary_mod.write(results, platform, out)
     print(f"rayproof: {summary['verdict']} — {out / 'certification.md'}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check an evidence bundle offline: every file against its manifest, and its certificate against the one its
+    results make."""
+    from reports import bundle
+
+    path = Path(args.bundle)
+    if not path.is_file():
+        print(f"rayproof: {path} does not exist (pass the certification-<time>.tar.gz a certify wrote)",
+              file=sys.stderr)
+        return BAD_INPUT_EXIT
+    try:
+        problems, summary = bundle.verify(path)
+    except bundle.BundleError as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    for problem in problems:
+        print(f"rayproof verify: {problem}", file=sys.stderr)
+    if problems:
+        print(f"rayproof: {path} does NOT verify ({len(problems)} problem{'s' if len(problems) > 1 else ''})")
+        return VERIFY_FAILED_EXIT
+    print(f"rayproof: {path} verified: every file matches its manifest, and its certificate "
+          f"({summary['verdict']}) is the one its results.json makes")
     return 0
 
 
@@ -313,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", help="results.json written by a certification run")
     p.add_argument("--out", help="where to write certification.{md,json} (default: beside results.json)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("verify", help=cmd_verify.__doc__, epilog=f"exit status: 0 verified, {VERIFY_FAILED_EXIT} "
+                       f"does not verify (each problem printed), {BAD_INPUT_EXIT} not a bundle")
+    p.add_argument("bundle", help="certification-<UTC time>.tar.gz written by certify")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("clean", help=cmd_clean.__doc__, epilog=f"exit status: 0 done (what was removed is printed), "
                        f"{CLEAN_REFUSED_EXIT} --run names a live run, {BAD_INPUT_EXIT} bad input")

@@ -122,6 +122,12 @@ def write(results_path: Path, platform: dict[str, Any], out_dir: Path) -> dict[s
     results = json.loads(Path(results_path).read_text())
     summary = build(results, platform)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "certification.json").write_text(json.dumps(summary, indent=2, default=str))
-    (out_dir / "certification.md").write_text(to_markdown(summary))
+    as_json, as_markdown = render(summary)
+    (out_dir / "certification.json").write_text(as_json)
+    (out_dir / "certification.md").write_text(as_markdown)
     return summary
+
+
+def render(summary: dict[str, Any]) -> tuple[str, str]:
+    """The certificate's two files, certification.json and certification.md, as text."""
+    return json.dumps(summary, indent=2, default=str), to_markdown(summary)

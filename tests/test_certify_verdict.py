@@ -20,6 +20,7 @@ from fixtures.kube import OWNER_ANNOTATION, TEST_LABEL
 from rayproof import cli, processes, timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import wait_for
+from reports import bundle
 
 # Its certify runs sweep ended runs at start: one at a time with the tests
 # that play ended runs (tests/test_run_leases.py), which they would remove.
@@ -56,6 +57,10 @@ def test_a_subset_is_partial_and_exits_with_the_no_verdict_status(target, tmp_pa
     assert certificate["verdict_reason"].startswith("1 of 16 clauses run"), certificate["verdict_reason"]
     assert "rayproof: PARTIAL — 1 of 16 clauses run" in output, output[-4000:]
     assert (tmp_path / "out" / "certification.md").read_text().startswith("# rayproof certification: PARTIAL")
+    archives = list((tmp_path / "out").glob("certification-*.tar.gz"))
+    assert len(archives) == 1 and f"evidence bundle {archives[0]}" in output, output[-4000:]
+    problems, rebuilt = bundle.verify(archives[0])
+    assert problems == [] and rebuilt["verdict"] == "PARTIAL", problems
 
 
 def test_an_interrupted_run_is_incomplete_and_leaves_nothing(target, kube_api, tmp_path) -> None:
