@@ -28,6 +28,7 @@ NO_VERDICT_EXIT = 3  # PARTIAL, INCOMPLETE or NON-DEFAULT: the run speaks for le
 PREFLIGHT_EXIT = 4
 INTERNAL_ERROR_EXIT = 5  # the run ended without results (a crash of the suite itself)
 CLEAN_REFUSED_EXIT = 1  # `clean --run ID` of a run whose lease is still renewed
+REGRESSION_EXIT = 1  # `compare OLD NEW`: a clause's outcome got worse or a figure left its range
 VERIFY_FAILED_EXIT = 1  # `verify BUNDLE`: a file or the certificate differs from what the bundle says
 CERTIFY_EXITS = f"""exit status:
   {CERTIFIED_EXIT}  CERTIFIED: every clause ran to completion and passed, with default bounds
@@ -238,6 +239,43 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compare two certifications: per clause the outcome change and the change of every measured figure,
+    regressions flagged (outcomes that got worse; figures outside --ranges)."""
+    from reports import compare
+
+    try:
+        old, new = compare.load(Path(args.old)), compare.load(Path(args.new))
+        ranges = compare.load_ranges(Path(args.ranges)) if args.ranges else None
+    except compare.CertificateError as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    result = compare.compare(old, new, ranges)
+    print(compare.to_text(result))
+    return REGRESSION_EXIT if result.regressions else 0
+
+
+def cmd_ranges(args: argparse.Namespace) -> int:
+    """Build a ranges file for `compare --ranges` from repeated certifications of one platform."""
+    from reports import compare
+
+    try:
+        certificates = [compare.load(Path(path)) for path in args.certifications]
+    except compare.CertificateError as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    if len(certificates) < 2:
+        print("rayproof: a range needs at least two runs of the same platform", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    ranges = compare.ranges_from(certificates, slack=compare.DEFAULT_SLACK if args.slack is None else args.slack)
+    import yaml
+
+    Path(args.out).write_text(yaml.safe_dump(ranges, sort_keys=True))
+    figures = sum(len(f) for f in ranges["clauses"].values())
+    print(f"rayproof: {args.out}: {figures} figures of {len(ranges['clauses'])} clauses from {len(certificates)} runs")
+    return 0
+
+
 class BadInput(ValueError):
     pass
 
@@ -353,6 +391,20 @@ def main(argv: list[str] | None = None) -> int:
                        f"does not verify (each problem printed), {BAD_INPUT_EXIT} not a bundle")
     p.add_argument("bundle", help="certification-<UTC time>.tar.gz written by certify")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("compare", help=cmd_compare.__doc__, epilog=f"exit status: 0 no regression, "
+                       f"{REGRESSION_EXIT} regressions (each flagged), {BAD_INPUT_EXIT} bad input")
+    p.add_argument("old", help="the earlier certification: its bundle, report directory or certification.json")
+    p.add_argument("new", help="the later certification, the same kinds")
+    p.add_argument("--ranges", help="ranges file from `rayproof ranges` (without it figures are shown, not judged)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("ranges", help=cmd_ranges.__doc__)
+    p.add_argument("certifications", nargs="+", help="bundles, report directories or certification.json files")
+    p.add_argument("--out", default="ranges.yaml", help="where to write the ranges (default: ranges.yaml)")
+    p.add_argument("--slack", type=float,
+                   help="how far beyond a range's ends a figure may go, as a fraction of its magnitude (default 0.10)")
+    p.set_defaults(func=cmd_ranges)
 
     p = sub.add_parser("clean", help=cmd_clean.__doc__, epilog=f"exit status: 0 done (what was removed is printed), "
                        f"{CLEAN_REFUSED_EXIT} --run names a live run, {BAD_INPUT_EXIT} bad input")

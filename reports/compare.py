@@ -1,0 +1,190 @@
+"""Two certifications side by side: per clause, the outcome change and the
+change of every measured figure; regressions flagged.
+
+A certification is read from its evidence bundle (verified first: a bundle
+that does not verify is not compared), its report directory, or its
+``certification.json``. A figure is every number in a clause's evidence
+(nested keys joined with dots) and the clause's duration.
+
+What counts as a regression: a clause whose outcome got worse (passed to
+failed, anything to error or missing), and, given a ranges file, a figure
+outside the range the reference runs showed, widened by the file's slack.
+Ranges come from repeated runs (``ranges_from``): without them a figure's
+change is printed but not judged, since one run's noise is unknown.
+"""
+from __future__ import annotations
+
+import json
+import math
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reports import bundle
+from reports.summary import ERROR, FAIL, NOT_APPLICABLE, PASS
+
+MISSING = "not run"
+_RANK = {PASS: 0, NOT_APPLICABLE: 1, MISSING: 2, FAIL: 3, ERROR: 4}
+DEFAULT_SLACK = 0.10  # of the observed range's magnitude, beyond its ends
+
+
+class CertificateError(ValueError):
+    """Not a certification this command can read, or a bundle that does not verify."""
+
+
+@dataclass
+class Change:
+    clause: str
+    what: str  # "outcome" or a figure's name
+    old: Any
+    new: Any
+    regression: str = ""  # why it is one; empty when it is not
+
+    def line(self) -> str:
+        change = ""
+        if isinstance(self.old, (int, float)) and isinstance(self.new, (int, float)):
+            delta = self.new - self.old
+            change = f" ({delta:+.6g}" + (f", {delta / abs(self.old):+.1%})" if self.old else ")")
+        flag = f"  REGRESSION: {self.regression}" if self.regression else ""
+        return f"{self.clause:<8} {self.what}: {self.old} -> {self.new}{change}{flag}"
+
+
+@dataclass
+class Comparison:
+    old_verdict: str
+    new_verdict: str
+    changes: list[Change] = field(default_factory=list)
+    judged_figures: bool = False
+    unchanged: int = 0  # figures equal in both runs (and inside their range)
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.regression]
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The certificate (``certification.json``'s content) of a bundle, a report directory or the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "certification.json"
+    if not path.is_file():
+        raise CertificateError(f"{path} does not exist (pass a certification bundle, report directory or "
+                               "certification.json)")
+    if tarfile.is_tarfile(path):
+        try:
+            problems, summary = bundle.verify(path)
+        except bundle.BundleError as exc:
+            raise CertificateError(str(exc)) from None
+        if problems:
+            raise CertificateError(f"{path} does not verify ({problems[0]}); `bin/rayproof verify {path}` lists "
+                                   "every problem")
+        return summary
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CertificateError(f"{path} is not a certification.json: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("clauses"), list):
+        raise CertificateError(f"{path} is not a certification.json: it lists no clauses")
+    return summary
+
+
+# Evidence keys that hold a wall-clock time (seconds since the epoch), not a
+# figure: they differ between any two runs and say nothing by themselves.
+_WALL_CLOCK = {"at", "ts", "start", "end", "started", "finished", "last_finished"}
+
+
+def figures(clause: dict[str, Any]) -> dict[str, float]:
+    """Every number in a clause's evidence, by dotted key, and its duration
+    (wall-clock instants left out)."""
+    found: dict[str, float] = {"duration_s": float(clause.get("duration_s") or 0.0)}
+
+    def walk(prefix: str, value: Any) -> None:
+        last = prefix.rsplit(".", 1)[-1]
+        if isinstance(value, bool) or last in _WALL_CLOCK or last.endswith("_at"):
+            return
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            found[prefix] = float(value)
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+
+    walk("", clause.get("evidence") or {})
+    return found
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], ranges: dict[str, Any] | None = None) -> Comparison:
+    result = Comparison(old["verdict"], new["verdict"], judged_figures=ranges is not None)
+    old_clauses = {c["id"]: c for c in old["clauses"]}
+    new_clauses = {c["id"]: c for c in new["clauses"]}
+    slack = float((ranges or {}).get("slack", DEFAULT_SLACK))
+    for cid in sorted(set(old_clauses) | set(new_clauses)):
+        before = old_clauses.get(cid, {}).get("outcome", MISSING)
+        after = new_clauses.get(cid, {}).get("outcome", MISSING)
+        if before != after:
+            worse = _RANK.get(after, 4) > _RANK.get(before, 4)
+            result.changes.append(Change(cid, "outcome", before, after, "the outcome got worse" if worse else ""))
+        if cid not in old_clauses or cid not in new_clauses:
+            continue
+        old_figures, new_figures = figures(old_clauses[cid]), figures(new_clauses[cid])
+        known = ((ranges or {}).get("clauses") or {}).get(cid) or {}
+        for name in sorted(set(old_figures) & set(new_figures)):
+            value = new_figures[name]
+            why = _outside(known.get(name), value, slack)
+            if value == old_figures[name] and not why:
+                result.unchanged += 1
+                continue
+            result.changes.append(Change(cid, name, old_figures[name], value, why))
+    return result
+
+
+def _outside(span: dict[str, Any] | None, value: float, slack: float) -> str:
+    if not span:
+        return ""
+    low, high = float(span["min"]), float(span["max"])
+    margin = slack * max(abs(low), abs(high), high - low)
+    if low - margin <= value <= high + margin:
+        return ""
+    return (f"outside the reference range [{low:g}, {high:g}] of {span.get('runs', '?')} runs "
+            f"(slack {slack:.0%}: [{low - margin:g}, {high + margin:g}])")
+
+
+def ranges_from(certificates: list[dict[str, Any]], slack: float = DEFAULT_SLACK) -> dict[str, Any]:
+    """Per clause and figure, the lowest and highest value of the passed runs
+    of each clause (a failed run's figures say nothing of healthy noise)."""
+    clauses: dict[str, dict[str, dict[str, Any]]] = {}
+    for certificate in certificates:
+        for clause in certificate["clauses"]:
+            if clause.get("outcome") != PASS:
+                continue
+            for name, value in figures(clause).items():
+                span = clauses.setdefault(clause["id"], {}).setdefault(name, {"min": value, "max": value, "runs": 0})
+                span["min"], span["max"] = min(span["min"], value), max(span["max"], value)
+                span["runs"] += 1
+    return {"runs": len(certificates), "slack": slack, "clauses": clauses}
+
+
+def load_ranges(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CertificateError(f"cannot read ranges file {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("clauses"), dict):
+        raise CertificateError(f"{path} is not a ranges file (it has no 'clauses' mapping); "
+                               "make one with `bin/rayproof ranges CERTIFICATION...`")
+    return data
+
+
+def to_text(result: Comparison) -> str:
+    lines = [f"verdict: {result.old_verdict} -> {result.new_verdict}"]
+    lines += [change.line() for change in result.changes]
+    lines.append(f"{result.unchanged} figure{'s' if result.unchanged != 1 else ''} the same in both runs")
+    if not result.judged_figures:
+        lines.append("figures not judged: no ranges file (pass --ranges, made by `bin/rayproof ranges` from "
+                     "repeated runs); only outcome changes count as regressions")
+    regressions = result.regressions
+    lines.append(f"{len(regressions)} regression{'s' if len(regressions) != 1 else ''}"
+                 + (": " + ", ".join(sorted({f'{c.clause} {c.what}' for c in regressions})) if regressions else ""))
+    return "\n".join(lines)

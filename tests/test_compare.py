@@ -1,0 +1,97 @@
+"""compare and ranges: outcome changes and figures outside the reference range
+are regressions; figures inside it, wall-clock instants and healthy noise are not."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayproof import cli
+from reports import bundle, compare, summary
+
+
+def _certificate(recovery_s: float, availability: float = 0.999, outcome: str = "pass") -> dict:
+    return {"verdict": "CERTIFIED" if outcome == "pass" else "NOT CERTIFIED", "clauses": [
+        {"id": "GCS-1", "outcome": outcome, "duration_s": 150.0 + recovery_s, "evidence": {
+            "figures": {"inject_to_head_ready_s": recovery_s, "oom_at": 1796245400.0 + recovery_s},
+            "availability_window": {"availability": availability, "start": 1796245383.2 + recovery_s},
+            "head_after": {"restarts": 1, "last_exit_code": 137}, "gcs_ft": True}},
+        {"id": "OPS-1", "outcome": "pass", "duration_s": 70.0, "evidence": {"teardown_after_end_s": 3.0}}]}
+
+
+def _write(tmp_path: Path, name: str, certificate: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(certificate))
+    return path
+
+
+@pytest.fixture
+def reference_ranges(tmp_path: Path) -> Path:
+    runs = [_write(tmp_path, f"ref{i}.json", _certificate(recovery_s))
+            for i, recovery_s in enumerate((31.0, 34.0, 29.5))]
+    out = tmp_path / "ranges.yaml"
+    assert cli.main(["ranges", *map(str, runs), "--out", str(out)]) == 0
+    return out
+
+
+def test_figures_are_numbers_of_the_evidence_without_wall_clock_instants():
+    found = compare.figures(_certificate(30.0)["clauses"][0])
+    assert found == {"duration_s": 180.0, "figures.inject_to_head_ready_s": 30.0,
+                     "availability_window.availability": 0.999, "head_after.restarts": 1.0,
+                     "head_after.last_exit_code": 137.0}
+
+
+def test_ranges_span_the_passed_runs(reference_ranges):
+    ranges = yaml.safe_load(reference_ranges.read_text())
+    assert ranges["runs"] == 3 and ranges["slack"] == compare.DEFAULT_SLACK
+    assert ranges["clauses"]["GCS-1"]["figures.inject_to_head_ready_s"] == {"min": 29.5, "max": 34.0, "runs": 3}
+
+
+def test_a_run_inside_the_reference_range_is_no_regression(tmp_path, reference_ranges, capsys):
+    old, new = _write(tmp_path, "old.json", _certificate(31.0)), _write(tmp_path, "new.json", _certificate(33.0))
+    assert cli.main(["compare", str(old), str(new), "--ranges", str(reference_ranges)]) == 0
+    out = capsys.readouterr().out
+    assert "GCS-1    figures.inject_to_head_ready_s: 31.0 -> 33.0 (+2, +6.5%)" in out
+    assert out.endswith("0 regressions\n")
+
+
+def test_a_slower_recovery_is_flagged_on_its_clause(tmp_path, reference_ranges, capsys):
+    old, slow = _write(tmp_path, "old.json", _certificate(31.0)), _write(tmp_path, "slow.json", _certificate(95.0))
+    assert cli.main(["compare", str(old), str(slow), "--ranges", str(reference_ranges)]) == cli.REGRESSION_EXIT
+    out = capsys.readouterr().out
+    assert "figures.inject_to_head_ready_s: 31.0 -> 95.0 (+64, +206.5%)  REGRESSION: outside the reference range " \
+           "[29.5, 34] of 3 runs" in out
+    assert "regressions: GCS-1 duration_s, GCS-1 figures.inject_to_head_ready_s" in out
+    assert "OPS-1" not in out.split("regressions")[-1]
+
+
+def test_an_outcome_that_got_worse_is_a_regression_without_ranges(tmp_path, capsys):
+    old = _write(tmp_path, "old.json", _certificate(31.0))
+    failed = _write(tmp_path, "failed.json", _certificate(31.0, outcome="fail"))
+    assert cli.main(["compare", str(old), str(failed)]) == cli.REGRESSION_EXIT
+    out = capsys.readouterr().out
+    assert "GCS-1    outcome: pass -> fail  REGRESSION: the outcome got worse" in out and "figures not judged" in out
+    assert cli.main(["compare", str(failed), str(old)]) == 0, "a clause that recovered is no regression"
+
+
+def test_compare_reads_bundles_and_refuses_one_that_does_not_verify(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    results = {"started": 1.0, "finished": 2.0, "host": "h", "exit_status": 0, "catalogue": ["T-1"],
+               "results": [{"nodeid": "n", "clause": "T-1", "must": "MUST", "outcome": "passed", "phase": "call",
+                            "duration_s": 5.0, "evidence": {"recovery_s": 12.0}, "message": ""}]}
+    (out / "results.json").write_text(json.dumps(results))
+    summary.write(out / "results.json", {"runner": "h"}, out)
+    archive = bundle.write(out, profile_yaml="{}\n", templates={}, versions={}).rename(tmp_path / "good.tar.gz")
+    assert compare.load(archive)["clauses"][0]["evidence"] == {"recovery_s": 12.0}
+    tampered = copy.deepcopy(json.loads((out / "certification.json").read_text()))
+    tampered["clauses"][0]["evidence"]["recovery_s"] = 1.0
+    (out / "certification.json").write_text(json.dumps(tampered, indent=2))
+    forged = bundle.write(out, profile_yaml="{}\n", templates={}, versions={})  # manifest recomputed over the edit
+    assert cli.main(["compare", str(archive), str(forged)]) == cli.BAD_INPUT_EXIT
+    assert "does not verify (certification.json is not the certificate its results.json makes" \
+        in capsys.readouterr().err
+    assert cli.main(["compare", str(tmp_path / "none"), str(archive)]) == cli.BAD_INPUT_EXIT
