@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 from fixtures.events import EventLog, parse_events
+from rayproof.cost import record_idle_cost
 from reports import summary
 from workloads.fsdp_train import failure_reason
 
@@ -142,3 +143,31 @@ def test_the_collective_timeout_comes_from_the_platform_environment(monkeypatch)
     assert (args.timeout_s, args.timeout_source) == (90, "$COLLECTIVE_TIMEOUT_S")
     args = parse_args([*base, "--timeout-s", "20"])
     assert (args.timeout_s, args.timeout_source) == (20, "--timeout-s")
+
+
+def test_the_cost_of_each_failure_mode_is_summed_at_the_top_of_the_certificate(tmp_path):
+    class Evidence:
+        def __init__(self):
+            self.values = {}
+
+        def record(self, key, value):
+            self.values[key] = value
+            return value
+
+    profile = {"cost": {"gpuHourPrice": 3.0, "currency": "USD"}}
+    rows = []
+    for clause, gpu_seconds, what in (("X-1", 1800.0, "a straggler"), ("Y-1", 5400.0, "a gang never Ready")):
+        evidence = Evidence()
+        record_idle_cost(profile, evidence, gpu_seconds, what)
+        rows.append({**_row(clause), "evidence": evidence.values})
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(_results(*rows)))
+    written = summary.write(results, {}, tmp_path)
+    assert written["cost_per_incident"]["amount"] == 6.0 and written["cost_per_incident"]["gpu_hours"] == 2.0
+    md = (tmp_path / "certification.md").read_text()
+    assert ("**What these failure modes cost per incident on this platform:** 6.00 USD, 2 GPU-hours held "
+            "without progress") in md
+    assert "| Y-1 | a gang never Ready | 1.5 | 4.50 USD (at 3 per GPU-hour) |" in md
+    assert md.index("cost per incident") < md.index("| clause | outcome |"), "the cost is at the top"
+    assert summary.build(_results(_row("X-1")), {})["cost_per_incident"] == {
+        "incidents": [], "gpu_hours": 0, "amount": None, "currency": None}

@@ -13,6 +13,7 @@ from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
 from fixtures.events import parse_events
 from rayproof import timeouts
+from rayproof.cost import record_idle_cost
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
 
@@ -254,6 +255,9 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         "max_submitter_pods": max((s["jobs"][name]["submitter"] for s in samples if name in s["jobs"]), default=0),
         "released_sample": released and {"t": released["t"], "cq": released["cq"]},
     })
+    if figures["quota_released_after_admission_s"] is not None:
+        record_idle_cost(lab.profile, evidence, gang * figures["quota_released_after_admission_s"],
+                         "a gang that never gets Ready holding its quota from admission until its eviction released it")
     assert admitted and admitted_at, f"the Workload of {name} was never seen admitted (samples: {len(samples)})"
     assert outcome["evicted"]["reached"] and evicted_at, (
         f"the Workload of {name} was not evicted for PodsReadyTimeout within {bound:g} s of submission; "
@@ -341,12 +345,8 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
         f"expected Ready times for {workers} GPU worker pods, sampled {ready}")
     last = max(ready.values())
     idle_s = sum((last - ready[p]) * v["gpus"] for p, v in gpu_pods.items())
-    price, currency = float(lab.profile["cost"]["gpuHourPrice"]), lab.profile["cost"]["currency"]
     evidence.record("straggler_lag_s", round(last - min(ready.values()), 1))
-    evidence.record("idle_gpu_seconds", round(idle_s, 1))
-    evidence.record("idle_gpu_hours", round(idle_s / 3600, 4))
-    evidence.record("idle_cost", {"amount": round(idle_s / 3600 * price, 4), "currency": currency,
-                                  "gpu_hour_price": price})
+    record_idle_cost(lab.profile, evidence, idle_s, "the gang's early workers waiting for a straggler's image pull")
     # The fault took effect: the straggler's own pod took at least the delay
     # from creation to Ready (the other workers' start-up runs meanwhile, so
     # the lag between them can be shorter on a slow machine).

@@ -17,6 +17,7 @@ from conformance.training_jobs import (
 )
 from fixtures.plugin import NOT_APPLICABLE
 from rayproof import timeouts
+from rayproof.cost import record_idle_cost
 from rayproof.selectors import selector_matches
 from rayproof.waiting import wait_for
 
@@ -99,6 +100,8 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
     setups = [e for e in events if e["event"] == "process_group_setup"]
     assert setups, f"the driver never reported the process-group setup; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
     failed_after = evidence.record("failed_after_process_group_setup_s", round(failure["ts"] - setups[0]["ts"], 1))
+    record_idle_cost(lab.profile, evidence, gang_gpus(lab) * failed_after,
+                     "a gang blocked in its collectives until the training failed")
     evidence.record("failed_after_fit_start_s", failure["seconds"])
     assert failed_after <= bound_s + slack, (
         f"training failed {failed_after} s after its process group began to form, beyond the promised bound "

@@ -15,6 +15,7 @@ from conformance.training_jobs import (
     wait_settled_checkpoint,
 )
 from rayproof import timeouts
+from rayproof.cost import record_idle_cost
 from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -99,6 +100,12 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
         f"first step after the restart was {first_after[:1]}, expected {restored[0]['step'] + 1}")
     lost = last_step - restored[0]["step"]
     evidence.record("steps_lost", lost)
+    # The gang made no new progress from the kill until a step past the last
+    # one it had reached: the restart, and the lost steps run again.
+    progress = [e["ts"] for e in steps if e["ts"] > deleted["deleted_at"] and e["step"] > last_step]
+    if progress:
+        record_idle_cost(profile, evidence, gang_gpus(lab) * (progress[0] - deleted["deleted_at"]),
+                         "a preempted worker: the restart and the steps lost since the last checkpoint")
     assert lost <= every, f"{lost} steps lost, more than the checkpoint interval {every}"
     assert status.get("jobStatus") == "SUCCEEDED", f"RayJob {name} ended {status}"
     assert max(e["step"] for e in steps) == STEPS, f"the run stopped at step {max(e['step'] for e in steps)} of {STEPS}"
