@@ -1,8 +1,8 @@
 """The evidence bundle of a certification: ``certification-<UTC time>.tar.gz``.
 
 One file a reviewer can check without re-running anything. Under one top
-folder it holds everything the run wrote -- the certificate (Markdown and
-JSON), JUnit, the results file, Allure's results with every attachment (the
+folder it holds everything the run wrote -- the certificate (Markdown, JSON
+and HTML), JUnit, the results file, Allure's results with every attachment (the
 chaostoolkit journals, failure-time dumps, evidence) -- plus what it ran
 with: ``profile.yaml`` (the effective certification profile), the golden
 templates as they were read (``golden/``), ``versions.json`` (Kubernetes,
@@ -32,7 +32,6 @@ MANIFEST = "MANIFEST.sha256"
 VERSIONS = "versions.json"
 PROFILE = "profile.yaml"
 GOLDEN = "golden"
-_CERTIFICATE = ("certification.json", "certification.md")
 
 
 class BundleError(ValueError):
@@ -86,7 +85,7 @@ def verify(bundle: Path) -> tuple[list[str], dict[str, Any]]:
                             f"manifest {digest})")
     problems += [f"{name} is in the bundle but not in the manifest"
                  for name in sorted(members) if name != MANIFEST and name not in listed]
-    missing = [name for name in ("results.json", *_CERTIFICATE) if name not in members]
+    missing = [name for name in ("results.json", *summary_mod.CERTIFICATE_FILES) if name not in members]
     if missing:
         return problems + [f"the bundle has no {', '.join(missing)}; the certificate cannot be rebuilt"], {}
     try:
@@ -95,7 +94,7 @@ def verify(bundle: Path) -> tuple[list[str], dict[str, Any]]:
         rebuilt = summary_mod.build(results, recorded["platform"])
     except (ValueError, KeyError, TypeError) as exc:
         return problems + [f"the certificate cannot be rebuilt from results.json: {exc!r}"], {}
-    for name, text in zip(_CERTIFICATE, summary_mod.render(rebuilt)):
+    for name, text in zip(summary_mod.CERTIFICATE_FILES, summary_mod.render(rebuilt)):
         found = members[name].decode(errors="replace")
         if found != text:
             problems.append(f"{name} is not the certificate its results.json makes: {_first_difference(found, text)}")

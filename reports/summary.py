@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rayproof import cost
+from reports import html_page
 
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not applicable", "error"
 _OUTCOMES = {"passed": PASS, "failed": FAIL, "not_applicable": NOT_APPLICABLE, "error": ERROR, "skipped": ERROR}
@@ -145,12 +146,14 @@ def write(results_path: Path, platform: dict[str, Any], out_dir: Path) -> dict[s
     results = json.loads(Path(results_path).read_text())
     summary = build(results, platform)
     out_dir.mkdir(parents=True, exist_ok=True)
-    as_json, as_markdown = render(summary)
-    (out_dir / "certification.json").write_text(as_json)
-    (out_dir / "certification.md").write_text(as_markdown)
+    for name, text in zip(CERTIFICATE_FILES, render(summary)):
+        (out_dir / name).write_text(text)
     return summary
 
 
-def render(summary: dict[str, Any]) -> tuple[str, str]:
-    """The certificate's two files, certification.json and certification.md, as text."""
-    return json.dumps(summary, indent=2, default=str), to_markdown(summary)
+CERTIFICATE_FILES = ("certification.json", "certification.md", "certification.html")
+
+
+def render(summary: dict[str, Any]) -> tuple[str, str, str]:
+    """The certificate's files (CERTIFICATE_FILES), as text."""
+    return json.dumps(summary, indent=2, default=str), to_markdown(summary), html_page.to_html(summary)

@@ -59,7 +59,7 @@ def test_bundle_holds_the_reports_profile_templates_versions_and_a_manifest(run_
     out, archive = run_dir
     assert archive.name == "certification-20261202T223640Z.tar.gz" and archive.parent == out
     members = _members(archive)
-    assert {"certification.md", "certification.json", "junit.xml", "results.json", "profile.yaml",
+    assert {"certification.md", "certification.json", "certification.html", "junit.xml", "results.json", "profile.yaml",
             "golden/rayJob.yaml", "versions.json", "allure-results/a-attachment.txt", "MANIFEST.sha256"} == set(members)
     versions = json.loads(members["versions.json"])
     assert versions["platform"]["kuberay"] == "v1.5.0" and versions["runner"] == {"ray": "2.60.0"}

@@ -104,7 +104,8 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     # one it had reached: the restart, and the lost steps run again.
     progress = [e["ts"] for e in steps if e["ts"] > deleted["deleted_at"] and e["step"] > last_step]
     if progress:
-        record_idle_cost(profile, evidence, gang_gpus(lab) * (progress[0] - deleted["deleted_at"]),
+        no_progress_s = evidence.record("kill_to_progress_s", round(progress[0] - deleted["deleted_at"], 1))
+        record_idle_cost(profile, evidence, gang_gpus(lab) * no_progress_s,
                          "a preempted worker: the restart and the steps lost since the last checkpoint")
     assert lost <= every, f"{lost} steps lost, more than the checkpoint interval {every}"
     assert status.get("jobStatus") == "SUCCEEDED", f"RayJob {name} ended {status}"

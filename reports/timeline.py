@@ -1,0 +1,131 @@
+"""A fault clause's event on one time axis, drawn from its recorded evidence.
+
+Every mark is a figure the clause measured (the certificate's evidence shows
+the same numbers), in seconds from the moment the clause counts from: the
+fault's injection (GCS-1), the worker's preemption (TRN-1), the gang's
+admission (ADM-4), the process group forming (NET-1). Phases with a measured
+availability (GCS-1's load generator) are drawn as bars under the marks, and
+the platform's promised bound as a dashed line. A clause whose evidence lacks
+the figures (it failed before measuring them) has no timeline.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Timeline:
+    clause: str
+    origin: str  # what t = 0 is
+    marks: list[tuple[str, float]]  # (what happened, seconds from the origin), each a recorded figure
+    phases: list[tuple[str, float, float, float]] = field(default_factory=list)  # (name, start, end, availability)
+    bound: tuple[str, float] | None = None  # the platform's promise, from the same origin
+
+
+def _get(evidence: dict[str, Any], dotted: str) -> Any:
+    value: Any = evidence
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _marks(evidence: dict[str, Any], named: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    return [(label, float(_get(evidence, key))) for label, key in named
+            if isinstance(_get(evidence, key), (int, float))]
+
+
+def _gcs1(evidence: dict[str, Any]) -> Timeline:
+    marks = _marks(evidence, [("head OOM-killed", "figures.inject_to_oom_s"),
+                              ("Ray nodes back", "figures.inject_to_nodes_back_s"),
+                              ("head Ready again", "figures.inject_to_head_ready_s"),
+                              ("Serve apps RUNNING", "figures.inject_to_apps_running_s")])
+    phases, start = [], 0.0
+    for name in ("inject_to_oom", "oom_to_head_ready", "head_ready_to_recovered", "tail"):
+        phase = _get(evidence, f"availability_by_phase.{name}") or {}
+        if isinstance(phase.get("seconds"), (int, float)) and isinstance(phase.get("availability"), (int, float)):
+            phases.append((name.replace("_", " "), start, start + phase["seconds"], phase["availability"]))
+            start += phase["seconds"]
+    return Timeline("GCS-1", "head-pressure job submitted", marks, phases)
+
+
+def _trn1(evidence: dict[str, Any]) -> Timeline:
+    bound = evidence.get("promised_fail_fast_bound_s")
+    return Timeline("TRN-1", "worker pod deleted mid-all-reduce",
+                    _marks(evidence, [("worker group restarted", "kill_to_worker_group_restart_s"),
+                                      ("training past its last step", "kill_to_progress_s")]),
+                    bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None)
+
+
+def _adm4(evidence: dict[str, Any]) -> Timeline:
+    marks = _marks(evidence, [("evicted (PodsReadyTimeout)", "figures.evicted_after_admission_s"),
+                              ("gang's pods gone", "figures.pods_gone_after_admission_s"),
+                              ("quota released", "figures.quota_released_after_admission_s")])
+    evicted, requeued = (_get(evidence, f"figures.{k}") for k in ("evicted_after_admission_s",
+                                                                  "requeued_after_eviction_s"))
+    if isinstance(evicted, (int, float)) and isinstance(requeued, (int, float)):
+        marks.append(("requeued", float(evicted + requeued)))
+    bound = evidence.get("bound_s")
+    return Timeline("ADM-4", "gang admitted", marks,
+                    bound=("waitForPodsReady + slack", float(bound)) if isinstance(bound, (int, float)) else None)
+
+
+def _net1(evidence: dict[str, Any]) -> Timeline:
+    bound = evidence.get("promised_fail_fast_bound_s")
+    return Timeline("NET-1", "process group began to form (collectives blocked)",
+                    _marks(evidence, [("training failed", "failed_after_process_group_setup_s")]),
+                    bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None)
+
+
+_BUILDERS: dict[str, Callable[[dict[str, Any]], Timeline]] = {"GCS-1": _gcs1, "TRN-1": _trn1, "ADM-4": _adm4,
+                                                              "NET-1": _net1}
+
+
+def of(clause: dict[str, Any]) -> Timeline | None:
+    """The clause's timeline, or None: not a fault clause, or nothing measured."""
+    build = _BUILDERS.get(clause["id"])
+    if build is None:
+        return None
+    timeline = build(clause.get("evidence") or {})
+    return timeline if timeline.marks else None
+
+
+def png(timeline: Timeline) -> bytes:
+    """The timeline drawn as a PNG (matplotlib, headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    ends = [s for _, s in timeline.marks] + [end for _, _, end, _ in timeline.phases]
+    if timeline.bound:
+        ends.append(timeline.bound[1])
+    span = max([*ends, 1.0]) * 1.08
+    fig, ax = plt.subplots(figsize=(9, 2.6), dpi=100)
+    try:
+        ax.set_xlim(-span * 0.02, span)
+        ax.set_ylim(0, 1.25)
+        ax.set_yticks([])
+        ax.set_xlabel(f"seconds since {timeline.origin}")
+        ax.set_title(f"{timeline.clause}: {timeline.origin} at 0 s", fontsize=10, loc="left")
+        ax.axvline(0, color="black", linewidth=1.5)
+        for name, start, end, availability in timeline.phases:
+            ax.barh(0.12, end - start, left=start, height=0.16,
+                    color=plt.cm.RdYlGn(max(0.0, min(1.0, (availability - 0.9) * 10))), edgecolor="white")
+            ax.text((start + end) / 2, 0.12, f"{availability:.1%}", ha="center", va="center", fontsize=7)
+        for index, (label, seconds) in enumerate(sorted(timeline.marks, key=lambda m: m[1])):
+            ax.axvline(seconds, color="tab:blue", linewidth=1)
+            ax.text(seconds, 0.3 + 0.22 * (index % 4), f" {label}\n {seconds:g} s", fontsize=7, va="bottom")
+        if timeline.bound:
+            label, seconds = timeline.bound
+            ax.axvline(seconds, color="tab:red", linestyle="--", linewidth=1)
+            ax.text(seconds, 1.2, f"{label} {seconds:g} s ", color="tab:red", fontsize=7, ha="right", va="top")
+        fig.tight_layout()
+        out = io.BytesIO()
+        fig.savefig(out, format="png", metadata={"Software": None})
+        return out.getvalue()
+    finally:
+        plt.close(fig)
