@@ -257,6 +257,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_ranges(args: argparse.Namespace) -> int:
     """Build a ranges file for `compare --ranges` from repeated certifications of one platform."""
+    import yaml
+
     from reports import compare
 
     try:
@@ -268,8 +270,6 @@ def cmd_ranges(args: argparse.Namespace) -> int:
         print("rayproof: a range needs at least two runs of the same platform", file=sys.stderr)
         return BAD_INPUT_EXIT
     ranges = compare.ranges_from(certificates, slack=compare.DEFAULT_SLACK if args.slack is None else args.slack)
-    import yaml
-
     Path(args.out).write_text(yaml.safe_dump(ranges, sort_keys=True))
     figures = sum(len(f) for f in ranges["clauses"].values())
     print(f"rayproof: {args.out}: {figures} figures of {len(ranges['clauses'])} clauses from {len(certificates)} runs")
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("report", help=cmd_report.__doc__)
     p.add_argument("results", help="results.json written by a certification run")
-    p.add_argument("--out", help="where to write certification.{md,json} (default: beside results.json)")
+    p.add_argument("--out", help="where to write certification.{md,json,html} (default: beside results.json)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("verify", help=cmd_verify.__doc__, epilog=f"exit status: 0 verified, {VERIFY_FAILED_EXIT} "
