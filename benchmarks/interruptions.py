@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 
 from benchmarks import machine
-from rayproof import timeouts
+from rayproof import processes, timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
 
@@ -103,7 +103,8 @@ def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> 
     log = open(out / f"run-{index}.log", "w")
     began = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "rayproof", "certify", "-k", k, "--out", str(out / f"run-{index}")],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=processes.as_typed_at_a_terminal)
     started: dict[int, float] = {}
     try:
         wait_for(lambda: proc.poll() is not None or time.monotonic() - began >= at_s, timeout=Tier(

@@ -42,6 +42,14 @@ def unwind_on_sigterm(signum, frame) -> None:
     note_interrupted()
     raise KeyboardInterrupt(f"signal {signum}")
 
+
+def as_typed_at_a_terminal() -> None:
+    """``preexec_fn`` of a child that stands for a command a user typed: Ctrl-C
+    (SIGINT) back to its default. A runner started in the background (a
+    non-interactive shell's ``cmd &``, as CI runners do) has SIGINT ignored,
+    every child inherits that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 # A nested pytest session (a self-test's clause run) is started with this set
 # to its parent's PID, and stops when that parent goes.
 DIE_WITH_PARENT_ENV = "RAYPROOF_DIE_WITH_PARENT"

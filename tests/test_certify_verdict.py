@@ -37,7 +37,8 @@ def _certify(tmp_path: Path, *args: str) -> subprocess.Popen:
         env.pop(name, None)
     return subprocess.Popen([sys.executable, "-m", "rayproof", "certify", "--out", str(tmp_path / "out"), *args],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # Ctrl-C reaches its whole group, never this test's
+                            start_new_session=True,  # Ctrl-C reaches its whole group, never this test's
+                            preexec_fn=processes.as_typed_at_a_terminal)  # even where CI ignores SIGINT
 
 
 def _finish(run: subprocess.Popen, tier: Tier = CERTIFY_RUN) -> str:
