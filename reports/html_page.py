@@ -18,7 +18,7 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#1f
 h1 .verdict{padding:.1em .4em;border-radius:.2em;color:#fff}
 table{border-collapse:collapse;width:100%;margin:1em 0}td,th{border:1px solid #d0d7de;padding:.35em .5em;
 vertical-align:top;text-align:left;font-size:.9em}.outcome{font-weight:bold}.must{max-width:480px}
-img.timeline{width:520px;max-width:100%;border:1px solid #d0d7de}pre{white-space:pre-wrap;font-size:.8em;background:#f6f8fa;
+td.timeline{min-width:460px}img.timeline{width:460px;border:1px solid #d0d7de}pre{white-space:pre-wrap;font-size:.8em;background:#f6f8fa;
 padding:.5em}summary{cursor:pointer}
 """
 
@@ -72,7 +72,7 @@ def to_html(summary: dict[str, Any]) -> str:
         parts.append(f'<tr id="{escape(cl["id"])}"><td>{escape(cl["id"])}</td><td class="must">{escape(cl["must"])}'
                      f'</td><td class="outcome" style="color:{_COLOURS.get(cl["outcome"], "#1f2328")}">'
                      f"{escape(cl['outcome'])}<br>{cl['duration_s']} s</td><td>{_figures(cl, drawn)}</td>"
-                     f"<td>{_timeline_img(cl, drawn)}</td></tr>")
+                     f'<td class="timeline">{_timeline_img(cl, drawn)}</td></tr>')
         details = (f"<pre>{escape(cl['message'].strip()[:3000])}</pre>" if cl["message"] else "") + \
             f"<pre>{escape(json.dumps(cl['evidence'], indent=1, sort_keys=True, default=str))}</pre>"
         parts.append(f'<tr><td colspan=5><details><summary>{escape(cl["id"])} evidence</summary>{details}'
