@@ -56,9 +56,7 @@ def to_html(summary: dict[str, Any]) -> str:
              f"{escape(verdict)}</span></h1><p>{escape(summary['verdict_reason'])}.</p>"]
     spent = summary.get("cost_per_incident") or {}
     if spent.get("incidents"):
-        total = f"{spent['amount']:.2f} {escape(str(spent['currency']))}, " if spent["amount"] is not None else ""
-        parts.append(f"<p><b>What these failure modes cost per incident on this platform:</b> {total}"
-                     f"{spent['gpu_hours']:g} GPU-hours held without progress</p><table><tr><th>clause</th>"
+        parts.append(f"<p><b>{escape(cost.HEADLINE)}</b> {escape(cost.total(spent))}</p><table><tr><th>clause</th>"
                      "<th>GPU time held without progress</th><th>GPU-hours</th><th>cost</th></tr>")
         parts += [f"<tr><td>{escape(i['clause'])}</td><td>{escape(i['what'])}</td><td>{i['gpu_hours']:g}</td>"
                   f"<td>{i['amount']:.2f} {escape(i['currency'])}</td></tr>" for i in spent["incidents"]]

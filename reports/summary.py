@@ -50,7 +50,7 @@ def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
         "verdict": verdict,
         "verdict_reason": why,
         "counts": counts,
-        "cost_per_incident": cost_per_incident(ordered),
+        "cost_per_incident": cost.per_incident(ordered),
         "bounds": {"timeout_overrides": results.get("timeout_overrides") or {},
                    "profile_outside_ranges": results.get("profile_outside_ranges") or []},
         "platform": platform,
@@ -60,17 +60,6 @@ def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
         "host": results.get("host"),
         "clauses": ordered,
     }
-
-
-def cost_per_incident(clauses: list[dict[str, Any]]) -> dict[str, Any]:
-    """The GPU time each measured failure mode held without progress, and its
-    price, from the clauses' idle_cost evidence; summed where one currency."""
-    incidents = [{"clause": c["id"], **c["evidence"][cost.EVIDENCE_KEY]} for c in clauses
-                 if "gpu_hours" in (c["evidence"].get(cost.EVIDENCE_KEY) or {})]
-    currencies = sorted({i["currency"] for i in incidents})
-    return {"incidents": incidents, "gpu_hours": round(sum(i["gpu_hours"] for i in incidents), 4),
-            "amount": round(sum(i["amount"] for i in incidents), 2) if len(currencies) == 1 else None,
-            "currency": currencies[0] if len(currencies) == 1 else ", ".join(currencies) or None}
 
 
 def judge(results: dict[str, Any], clauses: list[dict[str, Any]]) -> tuple[str, str]:
@@ -108,9 +97,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
                   "them):", "", *[f"- {line}" for line in bounds["profile_outside_ranges"]], ""]
     spent = summary.get("cost_per_incident") or {}
     if spent.get("incidents"):
-        total = (f"{spent['amount']:.2f} {spent['currency']}, " if spent["amount"] is not None else "")
-        lines += [f"**What these failure modes cost per incident on this platform:** {total}"
-                  f"{spent['gpu_hours']:g} GPU-hours held without progress", "",
+        lines += [f"**{cost.HEADLINE}** {cost.total(spent)}", "",
                   "| clause | GPU time held without progress | GPU-hours | cost |", "| --- | --- | --- | --- |"]
         lines += [f"| {i['clause']} | {i['what']} | {i['gpu_hours']:g} | {i['amount']:.2f} {i['currency']} "
                   f"(at {i['gpu_hour_price']:g} per GPU-hour) |" for i in spent["incidents"]]
