@@ -236,6 +236,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return VERIFY_FAILED_EXIT
     print(f"rayproof: {path} verified: every file matches its manifest, and its certificate "
           f"({summary['verdict']}) is the one its results.json makes")
+    written_by = bundle.suite_commit(path)
+    if written_by != bundle.commit_of(REPO):
+        print(f"rayproof: its Markdown and HTML were rendered by suite commit {written_by}, not this checkout's: "
+              "compared its data (certification.json) only; check that commit out to compare them too")
     return 0
 
 

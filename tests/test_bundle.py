@@ -126,3 +126,23 @@ def test_verify_refuses_what_is_not_a_bundle(tmp_path, capsys):
     with pytest.raises(bundle.BundleError, match="not below one top folder"):
         bundle.verify(escaping)
     assert cli.main(["verify", str(tmp_path / "missing.tar.gz")]) == cli.BAD_INPUT_EXIT
+
+
+def test_the_rendered_certificate_is_compared_where_this_suite_wrote_it(run_dir, tmp_path, capsys):
+    out, archive = run_dir
+    members = _members(archive)
+    members["certification.html"] = members["certification.html"].replace(b"NOT CERTIFIED", b"CERTIFIED")
+
+    def forged(commit: str, name: str) -> Path:
+        members["versions.json"] = json.dumps({"suite_commit": commit}).encode()
+        members["MANIFEST.sha256"] = "".join(f"{hashlib.sha256(data).hexdigest()}  {n}\n"
+                                             for n, data in members.items() if n != "MANIFEST.sha256").encode()
+        return _repack(archive, members, tmp_path / name)
+
+    here = bundle.commit_of(bundle.REPO)
+    problems, _ = bundle.verify(forged(here, "here.tar.gz"))
+    assert len(problems) == 1 and problems[0].startswith("certification.html is not the certificate"), problems
+    elsewhere = forged("0" * 40, "elsewhere.tar.gz")
+    assert bundle.verify(elsewhere)[0] == [], "another commit's rendering is not judged by this one's"
+    assert cli.main(["verify", str(elsewhere)]) == 0
+    assert f"rendered by suite commit {'0' * 40}, not this checkout's: compared its data" in capsys.readouterr().out
