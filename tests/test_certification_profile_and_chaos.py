@@ -20,7 +20,7 @@ from rayproof.timeouts import Tier
 
 def test_default_profile_is_valid() -> None:
     p = profile_mod.load()
-    assert p.wait_for_pods_ready_s == 120
+    assert p.wait_for_pods_ready_s == 240
     assert p.ray_image == "rayproject/ray:2.60.0"
     assert p.worker_gpus == 8
     assert p["kueue"]["priorityClasses"] == {"low": "rayproof-low", "high": "rayproof-high"}

@@ -332,12 +332,18 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
         evictions = sorted({*evictions, f"{outcome['evicted']['reason']} at {outcome['evicted']['lastTransitionTime']}"})
     evidence.record("evictions", evictions)
     evidence.record("requeues", requeues)
+    # Every pod of the gang (head included, each RayCluster), from creation to
+    # Ready (null: never Ready): an eviction whose other pods were slow too
+    # says the gang's start, not the straggler, outran waitForPodsReady.
+    started_s = evidence.record("gang_created_to_ready_s", {
+        p: (round(epoch(v["ready"]) - epoch(v["created"]), 1) if v["ready"] and v["created"] else None)
+        for p, v in sorted(sampler.pod_ready.items()) if v["job"] == name})
     assert not outcome.get("cause"), outcome["cause"]
     assert not evictions and not requeues and len(clusters) <= 1, (
         f"Kueue evicted the gang of RayJob {name} ({'; '.join(evictions) or 'requeued'}; RayClusters {clusters}) "
         f"while one worker's image pull took {delay_s:g} s, within the platform's promised longest healthy pull: "
         f"a waitForPodsReady ({lab.profile['kueue']['waitForPodsReady']}) shorter than the platform's own pulls "  # platform-owned-ok: its stated value, named
-        "makes gangs thrash, paying for every start twice")
+        f"and starts makes gangs thrash, paying for every start twice (the gang's pods, creation to Ready: {started_s})")
     assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
         f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
         f"expected SUCCEEDED")

@@ -23,7 +23,7 @@ def test_default_profile_is_valid_and_documented_values_hold() -> None:
     assert p.node_count == 4
     assert p.node_shape == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}
     wfpr = p.kueue["waitForPodsReady"]
-    assert parse_duration(wfpr["timeout"]) == 120
+    assert parse_duration(wfpr["timeout"]) == 240
     assert set(p.kueue["integrations"]) >= {"ray.io/rayjob", "ray.io/raycluster", "batch/job"}
 
 
