@@ -226,6 +226,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return BAD_INPUT_EXIT
     try:
         problems, summary = bundle.verify(path)
+    except bundle.DamagedBundle as exc:
+        print(f"rayproof verify: {exc}", file=sys.stderr)
+        print(f"rayproof: {path} does NOT verify (its archive is damaged)")
+        return VERIFY_FAILED_EXIT
     except bundle.BundleError as exc:
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
@@ -240,6 +244,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if written_by != bundle.commit_of(REPO):
         print(f"rayproof: its Markdown and HTML were rendered by suite commit {written_by}, not this checkout's: "
               "compared its data (certification.json) only; check that commit out to compare them too")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a verified evidence bundle to a certification program: cncf-ai writes the Kubernetes AI Conformance
+    PRODUCT.yaml entries the bundle evidences (gang_scheduling, robust_controller), each pointing at its JUnit cases,
+    with results/junit.xml and a version-stamped results/e2e.log; the checklist's other requirements listed as not
+    covered."""
+    from reports import bundle, cncf_ai
+
+    path = Path(args.bundle)
+    if not path.is_file():
+        print(f"rayproof: {path} does not exist (pass the certification-<time>.tar.gz a certify wrote)",
+              file=sys.stderr)
+        return BAD_INPUT_EXIT
+    out = Path(args.out or f"cncf-ai-{path.name.removesuffix('.tar.gz')}")
+    if out.exists() and any(out.iterdir()):
+        print(f"rayproof: {out} exists and is not empty; pass --out with a new directory", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    try:
+        export = cncf_ai.build(path, args.checklist)
+    except (bundle.BundleError, cncf_ai.ExportError) as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    written = cncf_ai.write(export, out)
+    for rid, status in export.covered.items():
+        print(f"rayproof: {rid}: {status or 'no claim (see its notes)'}")
+    print(f"rayproof: wrote {', '.join(str(p) for p in written)}; merge PRODUCT.yaml's entries into the program's "
+          "template for your Kubernetes version and fill in its metadata")
     return 0
 
 
@@ -392,9 +425,17 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("verify", help=cmd_verify.__doc__, epilog=f"exit status: 0 verified, {VERIFY_FAILED_EXIT} "
-                       f"does not verify (each problem printed), {BAD_INPUT_EXIT} not a bundle")
+                       f"does not verify (each problem printed; a damaged archive too), {BAD_INPUT_EXIT} not a bundle")
     p.add_argument("bundle", help="certification-<UTC time>.tar.gz written by certify")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("export", help=cmd_export.__doc__, epilog=f"exit status: 0 written, {BAD_INPUT_EXIT} bad input "
+                       "(not a bundle, a bundle that does not verify, an unknown checklist, --out not empty)")
+    p.add_argument("program", choices=["cncf-ai"], help="cncf-ai: the Kubernetes AI Conformance program")
+    p.add_argument("bundle", help="certification-<UTC time>.tar.gz written by certify (it must verify)")
+    p.add_argument("--out", help="directory to write (default: cncf-ai-<bundle name>)")
+    p.add_argument("--checklist", help="checklist version, e.g. v1.35 (default: the bundle's Kubernetes minor)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("compare", help=cmd_compare.__doc__, epilog=f"exit status: 0 no regression, "
                        f"{REGRESSION_EXIT} regressions (each flagged), {BAD_INPUT_EXIT} bad input")

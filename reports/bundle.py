@@ -19,12 +19,14 @@ wrote them (another commit may render them otherwise).
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import subprocess
 import tarfile
 import time
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -39,6 +41,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 class BundleError(ValueError):
     """The file is not a bundle this suite can read (not a tar.gz, no manifest, unsafe paths)."""
+
+
+class DamagedBundle(BundleError):
+    """A gzip file whose archive cannot be read to its end: a bundle changed since it was written (a
+    byte of the compressed file), which fails verification rather than being bad input."""
 
 
 def write(out_dir: Path, *, profile_yaml: str, templates: dict[str, dict[str, str]],
@@ -69,7 +76,7 @@ def write(out_dir: Path, *, profile_yaml: str, templates: dict[str, dict[str, st
 def verify(bundle: Path) -> tuple[list[str], dict[str, Any]]:
     """The problems found (none when the bundle holds what its manifest says and
     its certificate is the one its results make) and the certificate's summary."""
-    members = _read(bundle)
+    members = read(bundle)
     if MANIFEST not in members:
         raise BundleError(f"{bundle} has no {MANIFEST}; it is not a rayproof evidence bundle")
     problems: list[str] = []
@@ -116,7 +123,7 @@ def versions(target: dict[str, Any], runner: dict[str, str], repo: Path) -> dict
 
 def suite_commit(bundle: Path) -> str | None:
     """The suite commit that wrote the bundle (its versions.json)."""
-    return _suite_commit(_read(bundle))
+    return _suite_commit(read(bundle))
 
 
 def _suite_commit(members: dict[str, bytes]) -> str | None:
@@ -137,25 +144,35 @@ def commit_of(repo: Path) -> str:
     return done.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
-def _read(bundle: Path) -> dict[str, bytes]:
+def read(bundle: Path) -> dict[str, bytes]:
     """Every regular file of the bundle by its path below the top folder. Links,
     devices, absolute paths and '..' are refused: nothing is extracted."""
+    gzipped = False
     try:
-        tar = tarfile.open(bundle, "r:gz")
-    except (OSError, tarfile.TarError) as exc:
+        data = bundle.read_bytes()
+        gzipped = data[:2] == b"\x1f\x8b"
+        # Decompressed whole first: gzip checks its CRC and length only at the
+        # stream's end, which tarfile never reads past the archive's last member.
+        tar = tarfile.open(fileobj=io.BytesIO(gzip.decompress(data)), mode="r:")
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        if gzipped:
+            raise DamagedBundle(f"{bundle} is damaged: {exc} (changed since certify wrote it)") from None
         raise BundleError(f"{bundle} is not a readable tar.gz: {exc}") from None
     files: dict[str, bytes] = {}
     tops: set[str] = set()
-    with tar:
-        for member in tar.getmembers():
-            path = PurePosixPath(member.name)
-            if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
-                raise BundleError(f"{bundle}: member {member.name!r} is not below one top folder")
-            if not member.isfile():
-                raise BundleError(f"{bundle}: member {member.name!r} is not a regular file")
-            tops.add(path.parts[0])
-            handle = tar.extractfile(member)
-            files[PurePosixPath(*path.parts[1:]).as_posix()] = handle.read() if handle else b""
+    try:
+        with tar:
+            for member in tar.getmembers():
+                path = PurePosixPath(member.name)
+                if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
+                    raise BundleError(f"{bundle}: member {member.name!r} is not below one top folder")
+                if not member.isfile():
+                    raise BundleError(f"{bundle}: member {member.name!r} is not a regular file")
+                tops.add(path.parts[0])
+                handle = tar.extractfile(member)
+                files[PurePosixPath(*path.parts[1:]).as_posix()] = handle.read() if handle else b""
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:  # a damaged archive, found while reading it
+        raise DamagedBundle(f"{bundle} is damaged: {exc} (changed since certify wrote it)") from None
     if len(tops) > 1:
         raise BundleError(f"{bundle} has more than one top folder: {', '.join(sorted(tops))}")
     return files
@@ -163,6 +180,15 @@ def _read(bundle: Path) -> dict[str, bytes]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file (a bundle, as a reviewer's ``sha256sum`` prints it)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _first_difference(found: str, expected: str) -> str:

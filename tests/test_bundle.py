@@ -90,6 +90,22 @@ def test_one_changed_byte_fails_verify_naming_the_file(run_dir, tmp_path, capsys
     assert "does NOT verify" in capsys.readouterr().out
 
 
+def test_one_changed_byte_of_the_archive_itself_fails_verify(run_dir, tmp_path, capsys):
+    _, archive = run_dir
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the compressed stream: gzip's CRC or deflate notices
+    changed = tmp_path / "changed.tar.gz"
+    changed.write_bytes(bytes(data))
+    with pytest.raises(bundle.DamagedBundle):
+        bundle.verify(changed)
+    assert cli.main(["verify", str(changed)]) == cli.VERIFY_FAILED_EXIT
+    captured = capsys.readouterr()
+    assert "does NOT verify" in captured.out and "damaged" in captured.err
+    not_gzip = tmp_path / "notes.tar.gz"
+    not_gzip.write_text("not an archive\n")
+    assert cli.main(["verify", str(not_gzip)]) == cli.BAD_INPUT_EXIT
+
+
 def test_a_certificate_its_results_do_not_make_fails_even_with_a_matching_manifest(run_dir, tmp_path):
     _, archive = run_dir
     members = _members(archive)
