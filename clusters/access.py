@@ -8,7 +8,8 @@ keeps the file and the table equal). The embedded platform certifies with an
 identity bound to that ClusterRole and nothing else, so every certification
 of it shows the role is enough.
 
-The role reads no Secrets, creates nothing cluster-scoped but namespaces,
+The role reads no Secrets (it creates one: a GCS Redis password the golden
+template names), creates nothing cluster-scoped but namespaces,
 and writes only in the namespaces the suite creates (Kubernetes RBAC cannot
 say "only namespaces I created": the run label and owner annotation on each
 namespace, and the janitor's refusal to touch any without them, do that).
@@ -48,6 +49,9 @@ RULES = (
          "probe, load and Redis pods; the preempted worker (TRN-1); pods left at teardown"),
     Rule("", ("pods/log",), ("get",), "training and probe events, evidence on failure"),
     Rule("", ("configmaps", "persistentvolumeclaims"), ("create",), "the workload files and the checkpoint claim"),
+    Rule("", ("secrets",), ("create",),
+         "the password Secret a golden template's GCS Redis names (redisPassword.valueFrom), created with a new "
+         "random password where the platform has not made it; never read"),
     Rule("", ("services",), ("create", "list"),
          "the Redis a team deploys for GCS fault tolerance; SEC-1 lists every Service for exposed Ray ports"),
     Rule("", ("endpoints",), ("get",), "GCS-1 waits for the Serve Service's endpoints"),
@@ -90,7 +94,7 @@ def cluster_role_yaml() -> str:
         f"# The access rayproof's certification needs; generated from clusters/access.py ({REGENERATE}).",
         "# Bind it to the identity that runs `rayproof certify --kubeconfig`, for example:",
         f"#   kubectl create clusterrolebinding {ROLE_NAME} --clusterrole={ROLE_NAME} --user=<who certifies>",
-        "# No Secrets, nothing cluster-scoped written but namespaces.",
+        "# No Secret is read (one is created: a GCS Redis password); nothing cluster-scoped written but namespaces.",
         "apiVersion: rbac.authorization.k8s.io/v1",
         "kind: ClusterRole",
         "metadata:",

@@ -115,3 +115,46 @@ def test_a_template_whose_volumes_clash_with_the_suites_is_refused(tmp_path: Pat
 def test_the_team_deploys_a_redis_only_where_the_template_points_into_its_namespace(address: str,
                                                                                     service: str | None) -> None:
     assert golden.redis_service_in(address, "team-a") == service
+
+
+def test_the_suites_gcs_redis_requires_the_templates_password_and_admits_only_ray_pods() -> None:
+    """The reference templates name a password Secret; the Redis the suite
+    deploys takes it as the head does and keeps it off its command line (run
+    here as a node would run the pod's command, on loopback and a free port)."""
+    import socket
+    import subprocess
+
+    import psutil
+
+    from fixtures import manifests as mf
+    from rayproof import timeouts
+    from rayproof.waiting import wait_for
+
+    p = profile_mod.load()
+    password = golden.gcs_redis_password(golden.rayservice(p, "s", {}, "applications: []", workers=1))
+    assert golden.redis_password_secret(password) == ("gcs-redis", "password")
+    pod, service, policy = mf.gcs_redis("gcs-redis", {"rayproof.io/run": "r"}, "redis:7.2", password)
+    container = pod["spec"]["containers"][0]
+    assert container["env"] == [{"name": "REDIS_PASSWORD", **password}]
+    assert policy["spec"]["podSelector"] == {"matchLabels": service["spec"]["selector"]}
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchExpressions": [
+        {"key": "ray.io/cluster", "operator": "Exists"}]}}], "ports": [{"protocol": "TCP", "port": mf.GCS_PORT}]}]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = container["command"][2].replace(f"--port {mf.GCS_PORT}", f"--port {port} --bind 127.0.0.1")
+    secret = "t3st-gcs-redis-pw"
+    server = subprocess.Popen([*container["command"][:2], script], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": secret},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def ping(auth: str | None) -> str:
+            env = {"PATH": "/usr/bin:/bin", **({"REDISCLI_AUTH": auth} if auth else {})}
+            return subprocess.run(["redis-cli", "-p", str(port), "ping"], env=env, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        assert wait_for(lambda: ping(secret), lambda out: out == "PONG", timeout=timeouts.PROCESS_EXIT,
+                        description=f"the GCS Redis on 127.0.0.1:{port} to answer with its password") == "PONG"
+        assert "NOAUTH" in ping(None) and "NOAUTH" in ping("wrong")  # refused without it, and with another
+        assert secret not in " ".join(psutil.Process(server.pid).cmdline())
+    finally:
+        server.terminate()
+        server.wait(timeout=timeouts.PROCESS_EXIT.seconds)
