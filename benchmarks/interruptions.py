@@ -183,18 +183,26 @@ def main(argv: list[str] | None = None) -> int:
     platform.up()  # as `bin/rayproof up`: left running, never taken down by a run
     api = platform.api_client()
     rows = []
-    for index in range(args.runs):
-        mode = MODES[index % len(MODES)]
-        at_s = rng.uniform(args.earliest, args.latest)
-        row = one_run(index, mode, at_s, args.k, out, api)
-        left = {kind: len(items) for kind, items in row["left"].items()}
-        print(f"rayproof bench: run {index} {mode} at {at_s:.0f} s: exit {row['exit_status']}, "
-              f"swept {len(row['swept_at_next_start'])}, left {left}", file=sys.stderr, flush=True)
-        rows.append(row)
+    interrupted = False
+    try:
+        for index in range(args.runs):
+            mode = MODES[index % len(MODES)]
+            at_s = rng.uniform(args.earliest, args.latest)
+            row = one_run(index, mode, at_s, args.k, out, api)
+            left = {kind: len(items) for kind, items in row["left"].items()}
+            print(f"rayproof bench: run {index} {mode} at {at_s:.0f} s: exit {row['exit_status']}, "
+                  f"swept {len(row['swept_at_next_start'])}, left {left}", file=sys.stderr, flush=True)
+            rows.append(row)
+    except KeyboardInterrupt:  # the figures of the runs that finished are kept, not lost in a traceback
+        interrupted = True
+        print(f"rayproof bench: interrupted during run {len(rows)}; the figures below are of the {len(rows)} runs "
+              f"that finished. `bin/rayproof clean` removes what the interrupted one left; the platform stays up "
+              f"(`bin/rayproof down` takes it down)", file=sys.stderr, flush=True)
     totals = {kind: sum(len(r["left"][kind]) for r in rows) for kind in rows[0]["left"]} if rows else {}
-    print(json.dumps({"benchmark": "interruptions", "seed": seed, "runs": args.runs, "clauses": args.k,
-                      "machine": machine(), "left_after_next_start": totals, "rows": rows}, indent=2))
-    return 1 if any(totals.values()) else 0
+    print(json.dumps({"benchmark": "interruptions", "seed": seed, "runs": args.runs, "runs_finished": len(rows),
+                      "clauses": args.k, "machine": machine(), "left_after_next_start": totals, "rows": rows},
+                     indent=2))
+    return 130 if interrupted else 1 if any(totals.values()) else 0
 
 
 if __name__ == "__main__":

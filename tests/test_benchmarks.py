@@ -109,3 +109,36 @@ def test_cpu_of_what_a_test_worker_starts_is_placed_under_the_test_workers():
             worker.kill()
     placed = cpu.by_origin().get(ORIGINS[1][1], 0.0)
     assert placed >= 0.5, cpu.by_origin()
+
+
+def test_an_interrupted_interruptions_bench_keeps_the_figures_of_the_runs_that_finished(monkeypatch, tmp_path, capsys):
+    """Ctrl-C of `bench interruptions` itself: the finished runs' figures are
+    printed and it exits 130, rather than a traceback that loses them."""
+    import json
+
+    from benchmarks import interruptions
+    from clusters.embedded import platform
+
+    class Up:  # the platform as up() leaves it; nothing is started here
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def up(self) -> "Up":
+            return self
+
+        def api_client(self) -> None:
+            return None
+
+    def one_run(index, mode, at_s, k, out, api):
+        if index == 2:
+            raise KeyboardInterrupt
+        return {"exit_status": 3, "swept_at_next_start": [], "left": {"namespaces": [], "processes": []}}
+
+    monkeypatch.setattr(platform, "EmbeddedPlatform", Up)
+    monkeypatch.setattr(interruptions, "one_run", one_run)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert interruptions.main(["--runs", "5", "--seed", "3"]) == 130
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["runs_finished"] == 2 and summary["left_after_next_start"] == {"namespaces": 0, "processes": 0}
+    assert "interrupted during run 2" in captured.err
