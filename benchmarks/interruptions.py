@@ -111,7 +111,7 @@ def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> 
             "interruption_point", at_s + 30, "the random point at which the bench interrupts certify"),
             description=f"run {index}: {at_s:.0f} s into certify (or its end)")
         if proc.poll() is None:
-            started = {p.pid: p.create_time() for p in psutil.Process(proc.pid).children(recursive=True)}
+            started = {p.pid: processes.started_since_boot(p.pid) for p in psutil.Process(proc.pid).children(recursive=True)}
         what = _interrupt(proc, mode) if proc.poll() is None else f"ended by itself (exit {proc.returncode})"
         # A run that lost one worker goes on with the others (xdist reports the crash) to its end.
         wait_for(proc.poll, lambda rc: rc is not None,
@@ -152,7 +152,7 @@ def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> 
 def _same(pid: int, created: float) -> bool:
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - created) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
+        return processes.started_since_boot(p.pid) == created and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

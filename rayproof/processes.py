@@ -67,12 +67,28 @@ def die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _running(pid: int, started: float) -> bool:
-    """Whether the process that started at ``started`` still runs (not a recycled PID, not a zombie)."""
+def _running(pid: int, started: float, tolerance: float = 0.5) -> bool:
+    """Whether the process that started ``started`` seconds after boot still
+    runs (not a recycled PID, not a zombie).
+
+    Seconds since boot, from the kernel's start time in clock ticks: fixed for
+    a process's life. psutil's wall-clock ``create_time()`` adds the boot time
+    that /proc/stat derives anew at each read, in whole seconds, so where the
+    clock is slewed (NTP on a long-running machine) it steps by a second, and
+    a live owner compared with its recorded wall-clock start looked dead."""
+    since_boot = started_since_boot(pid)
+    return since_boot is not None and abs(since_boot - started) < tolerance and alive(pid)
+
+
+def started_since_boot(pid: int) -> float | None:
+    """When ``pid`` started, in seconds after boot (None: no such process):
+    /proc/<pid>/stat's start time in clock ticks, which never changes."""
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 1.0 and alive(pid)
-    except psutil.NoSuchProcess:
-        return False
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
 
 
 # -- owner identity -------------------------------------------------------------
@@ -83,7 +99,11 @@ def _running(pid: int, started: float) -> bool:
 # this boot and this PID namespace can be judged alive or gone from here; any
 # other owner is judged by its run's lease on the cluster (fixtures/leases.py),
 # never by its PID. The nonce tells apart two owners that reuse a PID.
-TOKEN_PREFIX = "rp2"
+# rp3: the start is seconds since boot. rp2 tokens (wall-clock start, an
+# earlier rayproof's) are still read, with a tolerance for the boot time's
+# one-second steps.
+TOKEN_PREFIX = "rp3"
+LEGACY_TOKEN_PREFIX = "rp2"
 
 
 @dataclass(frozen=True)
@@ -92,8 +112,9 @@ class Owner:
     boot: str
     pidns: int
     pid: int
-    started: float
+    started: float  # seconds after boot
     nonce: str
+    approximate: bool = False  # from an rp2 token: its wall-clock start, converted
 
     @property
     def token(self) -> str:
@@ -109,7 +130,7 @@ class Owner:
 
     def alive(self) -> bool | None:
         """Whether the owner runs; None where that cannot be told from here."""
-        return _running(self.pid, self.started) if self.local else None
+        return _running(self.pid, self.started, 1.5 if self.approximate else 0.5) if self.local else None
 
 
 def _boot_id() -> str:
@@ -127,7 +148,7 @@ def me() -> Owner:
     """This process as an owner (a new nonce in each process, forked ones included)."""
     proc = psutil.Process(os.getpid())
     nonce = _nonces.setdefault(proc.pid, secrets.token_hex(4))
-    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), proc.pid, proc.create_time(), nonce)
+    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), proc.pid, started_since_boot(proc.pid), nonce)
 
 
 def parse_token(token: str) -> Owner | None:
@@ -135,9 +156,12 @@ def parse_token(token: str) -> Owner | None:
     rayproof, ``host:pid:start``, names no boot or PID namespace and is never
     judged by its PID)."""
     parts = token.split("/")
-    if len(parts) != 7 or parts[0] != TOKEN_PREFIX:
+    if len(parts) != 7 or parts[0] not in (TOKEN_PREFIX, LEGACY_TOKEN_PREFIX):
         return None
     try:
+        if parts[0] == LEGACY_TOKEN_PREFIX:
+            return Owner(parts[1], parts[2], int(parts[3]), int(parts[4]), float(parts[5]) - psutil.boot_time(),
+                         parts[6], approximate=True)
         return Owner(parts[1], parts[2], int(parts[3]), int(parts[4]), float(parts[5]), parts[6])
     except ValueError:
         return None

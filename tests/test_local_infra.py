@@ -186,7 +186,7 @@ def test_the_last_session_to_leave_a_shared_platform_takes_it_down(tmp_path, mon
     other = subprocess.Popen(["sleep", "600"])
     try:
         processes.join_users(platform.run_dir / "users")
-        other_owner = dataclasses.replace(processes.me(), pid=other.pid, started=psutil.Process(other.pid).create_time())
+        other_owner = dataclasses.replace(processes.me(), pid=other.pid, started=processes.started_since_boot(other.pid))
         (platform.run_dir / "users" / str(other.pid)).write_text(other_owner.token)
         assert platform.leave() == [] and not torn_down, "another session still uses it"
         assert platform.session_users() == [other.pid]

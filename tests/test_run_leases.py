@@ -32,6 +32,23 @@ def test_an_owner_token_names_boot_pid_namespace_process_and_nonce() -> None:
     assert me.nonce == processes.me().nonce, "one nonce per process"
 
 
+def test_an_owner_stays_alive_when_the_boot_time_steps_by_a_second(monkeypatch) -> None:
+    """/proc/stat's btime is derived anew at each read in whole seconds, so on
+    a machine whose clock is slewed it steps by one; a wall-clock start then
+    differed by 1.0 s from the recorded one and a live owner (a platform's
+    user) looked dead. The start is now seconds since boot, from clock ticks."""
+    import psutil
+
+    me = processes.me()
+    real = psutil.boot_time()
+    monkeypatch.setattr(psutil, "boot_time", lambda: real + 1.0)
+    assert processes.parse_token(me.token).alive() is True
+    # An earlier rayproof's token (rp2: wall-clock start) is still judged, within the step.
+    legacy = f"rp2/{me.host}/{me.boot}/{me.pidns}/{me.pid}/{real + me.started!r}/{me.nonce}"
+    assert processes.parse_token(legacy).alive() is True
+    assert processes.parse_token(legacy.replace(f"/{me.pid}/", f"/{_gone_pid()}/")).alive() is False
+
+
 def test_a_pid_is_judged_only_in_its_own_boot_and_pid_namespace() -> None:
     me, gone = processes.me(), _gone_pid()
     assert dataclasses.replace(me, pid=gone).alive() is False, "this PID namespace, process gone"
