@@ -260,8 +260,8 @@ def cmd_export(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return BAD_INPUT_EXIT
     out = Path(args.out or f"cncf-ai-{path.name.removesuffix('.tar.gz')}")
-    if out.exists() and any(out.iterdir()):
-        print(f"rayproof: {out} exists and is not empty; pass --out with a new directory", file=sys.stderr)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"rayproof: {out} exists and is not an empty directory; pass --out with a new one", file=sys.stderr)
         return BAD_INPUT_EXIT
     try:
         export = cncf_ai.build(path, args.checklist)

@@ -146,9 +146,9 @@ _nonces: dict[int, str] = {}
 
 def me() -> Owner:
     """This process as an owner (a new nonce in each process, forked ones included)."""
-    proc = psutil.Process(os.getpid())
-    nonce = _nonces.setdefault(proc.pid, secrets.token_hex(4))
-    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), proc.pid, started_since_boot(proc.pid), nonce)
+    pid = os.getpid()
+    nonce = _nonces.setdefault(pid, secrets.token_hex(4))
+    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), pid, started_since_boot(pid), nonce)
 
 
 def parse_token(token: str) -> Owner | None:

@@ -73,10 +73,11 @@ def write(out_dir: Path, *, profile_yaml: str, templates: dict[str, dict[str, st
     return bundle
 
 
-def verify(bundle: Path) -> tuple[list[str], dict[str, Any]]:
+def verify(bundle: Path, members: dict[str, bytes] | None = None) -> tuple[list[str], dict[str, Any]]:
     """The problems found (none when the bundle holds what its manifest says and
-    its certificate is the one its results make) and the certificate's summary."""
-    members = read(bundle)
+    its certificate is the one its results make) and the certificate's summary.
+    ``members``: the bundle as :func:`read` returned it, where the caller has it."""
+    members = read(bundle) if members is None else members
     if MANIFEST not in members:
         raise BundleError(f"{bundle} has no {MANIFEST}; it is not a rayproof evidence bundle")
     problems: list[str] = []

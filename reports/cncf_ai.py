@@ -94,11 +94,11 @@ class Export:
 def build(bundle: Path, checklist: str | None = None) -> Export:
     """The export of a bundle that verifies; ``checklist`` defaults to the
     bundle's Kubernetes minor version."""
-    problems, summary = bundle_mod.verify(bundle)
+    members = bundle_mod.read(bundle)
+    problems, summary = bundle_mod.verify(bundle, members)
     if problems:
         raise ExportError(f"{bundle} does not verify ({problems[0]}); run `rayproof verify {bundle}` and export "
                           "only a bundle that verifies")
-    members = bundle_mod.read(bundle)
     results = json.loads(members["results.json"])
     versions = json.loads(members.get(bundle_mod.VERSIONS) or b"{}")
     platform = versions.get("platform") or {}

@@ -100,3 +100,11 @@ def test_an_unknown_checklist_version_is_bad_input_naming_the_known_ones(tmp_pat
     with pytest.raises(cncf_ai.ExportError, match="v1.35, v1.37"):
         cncf_ai.build(archive)
     assert cncf_ai.build(archive, "v1.37").product["metadata"]["kubernetesVersion"] == "v1.37"
+
+
+def test_an_out_that_is_a_file_or_not_empty_is_bad_input(tmp_path, capsys):
+    archive = _bundle(tmp_path, ALL_PASSED)
+    taken = tmp_path / "taken"
+    taken.write_text("x\n")
+    assert cli.main(["export", "cncf-ai", str(archive), "--out", str(taken)]) == cli.BAD_INPUT_EXIT
+    assert taken.read_text() == "x\n" and "not an empty directory" in capsys.readouterr().err

@@ -3,13 +3,17 @@ filling them in sets only what a team sets (no cluster needed)."""
 from __future__ import annotations
 
 import re
+import socket
+import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
-from fixtures import golden
-from rayproof import kueue, profile as profile_mod
+from fixtures import golden, manifests as mf
+from rayproof import kueue, profile as profile_mod, timeouts
+from rayproof.waiting import wait_for
 
 GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"
 
@@ -121,15 +125,6 @@ def test_the_suites_gcs_redis_requires_the_templates_password_and_admits_only_ra
     """The reference templates name a password Secret; the Redis the suite
     deploys takes it as the head does and keeps it off its command line (run
     here as a node would run the pod's command, on loopback and a free port)."""
-    import socket
-    import subprocess
-
-    import psutil
-
-    from fixtures import manifests as mf
-    from rayproof import timeouts
-    from rayproof.waiting import wait_for
-
     p = profile_mod.load()
     password = golden.gcs_redis_password(golden.rayservice(p, "s", {}, "applications: []", workers=1))
     assert golden.redis_password_secret(password) == ("gcs-redis", "password")
@@ -143,6 +138,7 @@ def test_the_suites_gcs_redis_requires_the_templates_password_and_admits_only_ra
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = container["command"][2].replace(f"--port {mf.GCS_PORT}", f"--port {port} --bind 127.0.0.1")
+    assert f"--port {port} --bind" in script, container["command"]
     secret = "t3st-gcs-redis-pw"
     server = subprocess.Popen([*container["command"][:2], script], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": secret},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
