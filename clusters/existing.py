@@ -41,6 +41,8 @@ class ExistingCluster:
     """A cluster this process neither started nor will stop."""
 
     kind = "existing"
+    # Its pods run on its own nodes, not on the CPUs of the machine running the suite.
+    runs_on_this_machine = False
 
     def __init__(self, kubeconfig: str | Path, *, context: str | None = None):
         path = Path(kubeconfig).expanduser()

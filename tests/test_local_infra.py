@@ -257,6 +257,40 @@ def test_clauses_side_by_side_hold_shares_and_one_needing_all_is_not_overtaken(t
         os.close(fd)
 
 
+def test_host_slots_cap_work_on_this_machine_and_pass_to_children(tmp_path, monkeypatch):
+    """As many holders at once as slots; a process holding one (or whose
+    ancestor does) takes no second; a third holder waits, naming the slots."""
+    from fixtures import sharing
+    from rayproof.waiting import WaitTimeout
+
+    monkeypatch.setenv(sharing.HOST_SLOTS_ENV, "2")
+    monkeypatch.delenv(sharing.HOST_SLOT_HELD_ENV, raising=False)
+    monkeypatch.setenv("RAYPROOF_TIMEOUT_CLUSTER_SHARE", "2")
+    root = tmp_path / "slots"
+    with sharing.host_slot(root) as waited:
+        assert waited < 1 and os.environ[sharing.HOST_SLOT_HELD_ENV] == str(os.getpid())
+        with sharing.host_slot(root) as again:
+            assert again == 0.0, "a process holding a slot takes no second one"
+        child = subprocess.run([sys.executable, "-c", f"import os; print(os.environ.get({sharing.HOST_SLOT_HELD_ENV!r}))"],
+                               capture_output=True, text=True, check=True)
+        assert child.stdout.strip() == str(os.getpid()), "a child inherits its parent's slot"
+        other = sharing.host_slots(root)._take(1)
+        assert other is not None, "two slots: a second holder gets one"
+        try:
+            assert sharing.host_slots(root)._take(1) is None, "no third holder beside two"
+            monkeypatch.delenv(sharing.HOST_SLOT_HELD_ENV)
+            with pytest.raises(WaitTimeout, match=r"1 of the 2 shares of this machine's CPUs \(RAYPROOF_HOST_SLOTS=2\)"):
+                with sharing.host_slot(root):
+                    pass
+        finally:
+            for fd in other:
+                os.close(fd)
+    assert sharing.HOST_SLOT_HELD_ENV not in os.environ, "leaving the slot forgets it"
+    monkeypatch.setenv(sharing.HOST_SLOTS_ENV, "two")
+    with pytest.raises(ValueError, match="RAYPROOF_HOST_SLOTS='two' is not a whole number"):
+        sharing.host_slots(root)
+
+
 def test_a_platform_started_from_other_platform_files_is_not_reused(tmp_path, monkeypatch):
     """A running platform whose onboarding classes, baseline or processes come
     from another checkout (an earlier `rayproof up`) is not the reference

@@ -19,6 +19,8 @@ class EmbeddedTarget:
     last test session to ``close`` it when a test session brought it up."""
 
     kind = "embedded"
+    # Its control plane and its pods (node agent processes) share this machine's CPUs.
+    runs_on_this_machine = True
 
     def __init__(self, platform: EmbeddedPlatform):
         self.platform = platform

@@ -17,6 +17,7 @@ from kubernetes import client
 
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
+from fixtures.sharing import host_slot
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -57,6 +58,13 @@ def platform(target) -> EmbeddedPlatform:
     if getattr(target, "kind", None) != "embedded":
         pytest.fail("these tests exercise the embedded platform; run them without --kubeconfig")
     return target.platform
+
+
+@pytest.fixture(autouse=True)
+def _host_slot() -> Iterator[None]:
+    """Function scope; the Ray clusters these tests start run on this machine: one of its host slots."""
+    with host_slot():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ import pytest
 from fixtures.kube import Lab
 from rayproof import profile as profile_mod, timeouts
 from rayproof.waiting import wait_for
-from tests.selftest.clause_runs import PLATFORMS_GROUP, misconfigured_platform
+from tests.selftest.clause_runs import misconfigured_platform, platforms_group
 
-pytestmark = [pytest.mark.slow, PLATFORMS_GROUP]
+pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 GPUS = "nvidia.com/gpu"
 TENANT_CLASS = "tenant-batch-low"
 

@@ -12,14 +12,19 @@ import pytest
 import yaml
 
 from clusters.embedded.target import EmbeddedTarget
+from fixtures.sharing import host_slot
 from rayproof import processes, timeouts
 from rayproof.timeouts import Tier
 
-# The self-test modules that start platforms of their own share one xdist
-# group: one worker starts and takes down those platforms one module at a
-# time (their names are fixed; several at once would also crowd the machine),
-# beside the workers that run the clauses on the session's platform.
-PLATFORMS_GROUP = pytest.mark.xdist_group("selftest-platforms")
+# Each self-test module that starts platforms of its own is one xdist group:
+# one worker starts and takes down that module's platforms (their names are
+# fixed), beside the workers that run other modules and the clauses on the
+# session's platform. How much of this runs at once is set by the machine's
+# host slots (fixtures/sharing.py), which every platform start, clause and
+# nested clause run here holds, not by the grouping.
+def platforms_group(module: str) -> pytest.MarkDecorator:
+    """The xdist group of the self-test module ``module`` (its ``__name__``)."""
+    return pytest.mark.xdist_group(f"selftest-platforms-{module.rsplit('.', 1)[-1]}")
 
 REPO = Path(__file__).resolve().parents[2]
 # How long a self-test's clause run may take to reach its fault. On two
@@ -35,8 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 # not a certification.
 NESTED_TRAINING_RUN_S = 2 * timeouts.TRAINING_RUN.seconds
 NESTED_RAYCLUSTER_READY_S = 2 * timeouts.RAYCLUSTER_READY.seconds
-# One clause run, platform start included, on two cores.
-CLAUSE_RUN = Tier("selftest_clause_run", NESTED_TRAINING_RUN_S + 600, "one clause run in a subprocess")
+# One clause run, platform start included, on two cores, after waiting for
+# its clause's share of the platform and a host slot.
+CLAUSE_RUN = Tier("selftest_clause_run", NESTED_TRAINING_RUN_S + 600 + timeouts.CLUSTER_SHARE.seconds,
+                  "one clause run in a subprocess")
 
 
 def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
@@ -80,7 +87,8 @@ def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, 
     """An embedded platform started with ``profile`` over the defaults; taken down at the end."""
     path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
     path.write_text(yaml.safe_dump(profile))
-    target = EmbeddedTarget.start(name=name, profile=path, progress=print)
+    with host_slot():
+        target = EmbeddedTarget.start(name=name, profile=path, progress=print)
     try:
         yield name, path
     finally:

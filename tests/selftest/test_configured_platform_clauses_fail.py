@@ -18,13 +18,13 @@ only, team namespaces whose heads are left open. One points the profile at
 another of the platform's storage classes, a node-local one.
 
 None of these changes needs a platform of its own, yet they run on one (with
-the default settings), in the one xdist worker that runs the self-tests on
-platforms of their own: run beside the clauses on the session's platform, on
-two cores, they made it slow enough that Kueue evicted the gangs of other
-clauses by waitForPodsReady (measured: TRN-1's gang evicted four times in ten
-minutes, its head's container started 74 s after it was scheduled), and SEC-1,
-which judges every Service of the cluster, would see the NodePort its
-self-test exposes on purpose.
+the default settings): SEC-1, which judges every Service of the cluster, would
+see on the session's platform the NodePort its self-test exposes on purpose.
+Each nested run holds one of the machine's host slots, as every clause here
+does (fixtures/sharing.py): beside the clauses on the session's platform on
+two cores they once made it slow enough that Kueue evicted the gangs of
+other clauses by waitForPodsReady (measured: TRN-1's gang evicted four times
+in ten minutes, its head's container started 74 s after it was scheduled).
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ import pytest
 import yaml
 
 from rayproof.profile import cluster_spec_in
-from tests.selftest.clause_runs import PLATFORMS_GROUP, expect_failure, misconfigured_platform, run_clause
+from tests.selftest.clause_runs import expect_failure, misconfigured_platform, platforms_group, run_clause
 
-pytestmark = [pytest.mark.slow, PLATFORMS_GROUP]
+pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 
 GOLDEN = Path(__file__).resolve().parents[2] / "clusters" / "embedded" / "golden"
 TEMPLATE_FILES = {"rayJob": "rayjob.yaml", "rayCluster": "raycluster.yaml", "rayService": "rayservice.yaml"}

@@ -17,9 +17,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.selftest.clause_runs import PLATFORMS_GROUP, expect_failure, misconfigured_platform, run_clause
+from tests.selftest.clause_runs import expect_failure, misconfigured_platform, platforms_group, run_clause
 
-pytestmark = [pytest.mark.slow, PLATFORMS_GROUP]
+pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 
 
 @pytest.fixture(scope="module")
