@@ -97,7 +97,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
     import yaml
 
     from rayproof import processes, profile as profile_mod
-    from reports import bundle, summary as summary_mod
+    from reports import bundle, summary as summary_mod, timeline
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
         print(f"rayproof: kubeconfig {args.kubeconfig} does not exist; pass the path of a kubeconfig file "
@@ -145,6 +145,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
     platform = {**runner, **target_rows(described)}
     platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"
     summary = summary_mod.write(results, platform, out)
+    timeline.attach_to_allure(out / "allure-results", summary["clauses"])
     archive = bundle.write(out, profile_yaml=yaml.safe_dump(profile.data, sort_keys=False),
                            templates=described.get("golden_templates") or {},
                            versions=bundle.versions(described, runner, REPO))

@@ -11,7 +11,10 @@ the figures (it failed before measuring them) has no timeline.
 from __future__ import annotations
 
 import io
+import json
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -129,3 +132,36 @@ def png(timeline: Timeline) -> bytes:
         return out.getvalue()
     finally:
         plt.close(fig)
+
+
+def allure_full_name(nodeid: str) -> str:
+    """The ``fullName`` allure-pytest gives the test ``nodeid`` (``pkg.module#function``, no parameters)."""
+    path, _, rest = nodeid.partition("::")
+    names = rest.split("[", 1)[0].split("::")
+    return ".".join(path.removesuffix(".py").split("/") + names[:-1]) + "#" + names[-1]
+
+
+def attach_to_allure(allure_dir: Path, clauses: list[dict[str, Any]]) -> list[str]:
+    """Add each clause's timeline (the certificate's PNG) to the Allure result
+    of its test in ``allure_dir``; returns the clauses whose timeline was
+    attached. Allure's results are written by the workers during the run; the
+    timeline is drawn once the clause's evidence is whole, so it is added here."""
+    drawn = {}
+    for clause in clauses:
+        line = of(clause)
+        if line is not None and clause.get("test"):
+            drawn[allure_full_name(clause["test"])] = (clause["id"], line)
+    attached: list[str] = []
+    for result_file in sorted(Path(allure_dir).glob("*-result.json")) if drawn else []:
+        result = json.loads(result_file.read_text())
+        found = drawn.get(result.get("fullName", ""))
+        if found is None:
+            continue
+        clause_id, line = found
+        source = f"{uuid.uuid4()}-attachment.png"
+        (result_file.parent / source).write_bytes(png(line))
+        result.setdefault("attachments", []).append({"name": f"{clause_id} timeline", "source": source,
+                                                     "type": "image/png"})
+        result_file.write_text(json.dumps(result))
+        attached.append(clause_id)
+    return attached

@@ -82,3 +82,30 @@ def test_timelines_are_for_fault_clauses_with_their_figures_measured():
                           ("quota released", 140.9), ("requeued", 131.9)]
     assert adm4.bound == ("waitForPodsReady + slack", 180.0)
     assert timeline.png(adm4).startswith(b"\x89PNG")
+
+
+def test_allure_results_get_each_fault_clauses_timeline(tmp_path):
+    """The Allure result allure-pytest wrote for a clause's test gets the
+    clause's timeline, the PNG the certificate shows; other tests' results none."""
+    import sys
+
+    tests_dir = tmp_path / "suite" / "conformance" / "gcs"
+    tests_dir.mkdir(parents=True)
+    (tests_dir / "test_gcs.py").write_text("def test_head_oom_keeps_rayservice_available():\n    pass\n\n"
+                                           "def test_other():\n    pass\n")
+    allure_dir = tmp_path / "allure-results"
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "allure_pytest",
+                    f"--alluredir={allure_dir}", "conformance/gcs/test_gcs.py"],
+                   cwd=tmp_path / "suite", check=True, capture_output=True, text=True)
+    clauses = [{"id": "GCS-1", "evidence": GCS1_EVIDENCE,
+                "test": "conformance/gcs/test_gcs.py::test_head_oom_keeps_rayservice_available"},
+               {"id": "OPS-1", "evidence": {"teardown_after_end_s": 3.0}, "test": "conformance/gcs/test_gcs.py::test_other"}]
+
+    assert timeline.attach_to_allure(allure_dir, clauses) == ["GCS-1"]
+
+    results = {r["name"]: r for r in (json.loads(p.read_text()) for p in allure_dir.glob("*-result.json"))}
+    attachments = results["test_head_oom_keeps_rayservice_available"]["attachments"]
+    assert [a["name"] for a in attachments] == ["GCS-1 timeline"] and attachments[0]["type"] == "image/png"
+    assert (allure_dir / attachments[0]["source"]).read_bytes() == timeline.png(timeline.of(clauses[0]))
+    assert not results["test_other"].get("attachments")
+    assert timeline.allure_full_name("conformance/a/test_b.py::test_c[p1]") == "conformance.a.test_b#test_c"
