@@ -165,6 +165,35 @@ def test_lab_teardown_deletes_its_namespaces_even_when_deleting_ray_objects_fail
     assert deleted == ["rp-x-a", "rp-x-b"]
 
 
+def test_the_evidence_says_whether_the_suite_or_the_platform_made_the_gcs_redis_secret() -> None:
+    """The Secret a golden template's redisPassword names: the suite makes it
+    with a random password where the team namespace lacks it; one the
+    platform's onboarding made (409) is left as it was; the evidence says which."""
+    import types
+
+    from kubernetes.client import ApiException
+
+    from fixtures.kube import Lab
+    from fixtures.plugin import Evidence
+
+    made = []
+
+    def create(namespace, body):
+        if namespace == "rp-x-b":
+            raise ApiException(status=409, reason="AlreadyExists")
+        made.append((namespace, body["metadata"]["name"], sorted(body["stringData"])))
+
+    lab = Lab.__new__(Lab)
+    lab.labels, lab.evidence = {"rayproof.io/run": "r"}, Evidence()
+    lab.core = types.SimpleNamespace(create_namespaced_secret=create)
+    lab._create_redis_secret("rp-x-a", "gcs-redis", "password")
+    lab._create_redis_secret("rp-x-b", "gcs-redis", "password")
+    assert made == [("rp-x-a", "gcs-redis", ["password"])]
+    assert lab.evidence.values["gcs_redis_secrets"] == {
+        "rp-x-a/gcs-redis": "the suite (a new random password)",
+        "rp-x-b/gcs-redis": "the platform (present before the suite; left as it was, never read)"}
+
+
 def test_oom_probe_requires_a_new_termination_not_an_earlier_oom_kill(monkeypatch) -> None:
     """A head whose last termination is an OOMKilled from before the fault
     (restart count unchanged) is not this fault's OOM kill; one more restart
