@@ -84,7 +84,9 @@ def expect_failure(row: dict[str, Any], *causes: str) -> None:
 
 
 def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, profile: dict) -> Iterator[tuple[str, Path]]:
-    """An embedded platform started with ``profile`` over the defaults; taken down at the end."""
+    """An embedded platform started with ``profile`` over the defaults (or
+    joined, where another session started it with the same); taken down by
+    the last session to leave it."""
     path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
     path.write_text(yaml.safe_dump(profile))
     with host_slot():
@@ -92,4 +94,4 @@ def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, 
     try:
         yield name, path
     finally:
-        target.platform.down()
+        target.close()  # down when no other session of this machine uses it

@@ -37,7 +37,12 @@ import yaml
 from rayproof.profile import cluster_spec_in
 from tests.selftest.clause_runs import expect_failure, misconfigured_platform, platforms_group, run_clause
 
-pytestmark = [pytest.mark.slow, platforms_group(__name__)]
+pytestmark = pytest.mark.slow
+# Three lanes (xdist groups) of nested runs on the one platform these share
+# (each lane's worker joins it; the last to leave takes it down): one lane
+# alone was the run's longest (eleven nested runs, 55 minutes on two cores).
+TIMEOUT_LANE, TEMPLATE_LANE, ONBOARDING_LANE = (platforms_group(f"{__name__}-{lane}")
+                                                 for lane in ("collective-timeout", "templates", "onboarding"))
 
 GOLDEN = Path(__file__).resolve().parents[2] / "clusters" / "embedded" / "golden"
 TEMPLATE_FILES = {"rayJob": "rayjob.yaml", "rayCluster": "raycluster.yaml", "rayService": "rayservice.yaml"}
@@ -45,7 +50,8 @@ TEMPLATE_FILES = {"rayJob": "rayjob.yaml", "rayCluster": "raycluster.yaml", "ray
 
 @pytest.fixture(scope="module")
 def default_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """Module scope; an embedded platform with the default settings; taken down at teardown."""
+    """Module scope; an embedded platform with the default settings, shared by
+    the workers of this module's lanes; taken down by the last to leave it."""
     yield from misconfigured_platform(tmp_path_factory, "selftest-default", {})
 
 
@@ -92,32 +98,32 @@ TEMPLATE_MUTATIONS = [
     pytest.param(f"{NET}::test_policy_blocking_collectives_fails_training_fast",
                  "rayJob", without_tuned_collective_timeout,
                  ("the job hangs instead of failing fast", "timeout of 1800 s"),
-                 id="net1-collective-timeout-left-at-ray-trains-default"),
+                 id="net1-collective-timeout-left-at-ray-trains-default", marks=TIMEOUT_LANE),
     # Locked down mid-training on a platform whose policies cut open
     # connections: the blocked all-reduce waits out the 30 minutes.
     pytest.param(f"{NET}::test_lockdown_during_training_never_leaves_it_hanging",
                  "rayJob", without_tuned_collective_timeout, ("the job hangs instead of failing fast",),
-                 id="net4-collective-timeout-left-at-ray-trains-default"),
+                 id="net4-collective-timeout-left-at-ray-trains-default", marks=TIMEOUT_LANE),
     pytest.param(f"{TRN}::test_worker_preempted_mid_allreduce_resumes_from_checkpoint",
                  "rayJob", without_tuned_collective_timeout, ("ran with a collective timeout of 1800 s",),
-                 id="trn1-collective-timeout-left-at-ray-trains-default"),
+                 id="trn1-collective-timeout-left-at-ray-trains-default", marks=TIMEOUT_LANE),
     pytest.param(f"{OPS}::test_ray_dashboard_not_exposed_without_authentication",
                  "rayCluster", head_on_a_node_port, ("reachable from outside the cluster",),
-                 id="sec1-head-service-on-a-node-port"),
+                 id="sec1-head-service-on-a-node-port", marks=TEMPLATE_LANE),
     pytest.param(f"{OPS}::test_finished_rayjob_cluster_is_torn_down",
                  "rayJob", finished_clusters_kept_ten_minutes, ("stayed held by an idle cluster",),
-                 id="ops1-finished-clusters-kept-for-ten-minutes"),
+                 id="ops1-finished-clusters-kept-for-ten-minutes", marks=TEMPLATE_LANE),
     # Without FT the restarted head has lost the applications: either requests
     # fail past the target, or the applications never come back.
     pytest.param(f"{GCS}::test_head_oom_keeps_rayservice_available",
                  "rayService", without_gcs_fault_tolerance, ("below the target", "apps RUNNING after the head OOM"),
-                 id="gcs1-rayservice-without-gcs-fault-tolerance"),
+                 id="gcs1-rayservice-without-gcs-fault-tolerance", marks=TEMPLATE_LANE),
     # Team A's golden RayCluster without GCS fault tolerance: the restarted
     # head has forgotten the job whose driver it ran, and KubeRay keeps
     # showing that RayJob Running (kuberay#2161).
     pytest.param(f"{GCS}::test_head_oom_stays_in_its_namespace",
                  "rayCluster", without_gcs_fault_tolerance, ("neither terminal nor retrying",),
-                 id="gcs2-raycluster-without-gcs-fault-tolerance"),
+                 id="gcs2-raycluster-without-gcs-fault-tolerance", marks=TEMPLATE_LANE),
 ]
 
 
@@ -189,12 +195,12 @@ ADM = "conformance/admission/test_preemption.py"
 # (clause, the one change to the reference platform's onboarding, what the failure must name)
 ONBOARDING_MUTATIONS = [
     pytest.param(f"{ADM}::test_higher_priority_job_preempts_whole_gang_and_victim_resumes",
-                 queues_never_preempt, ("did not preempt",), id="adm5-queues-never-preempt"),
+                 queues_never_preempt, ("did not preempt",), id="adm5-queues-never-preempt", marks=ONBOARDING_LANE),
     pytest.param(f"{NET}::test_platform_worker_policy_lets_training_run",
                  worker_policy_admits_the_head_only, ("training under the platform's worker policies (ray-workers) ended FAILED",),
-                 id="net2-worker-policy-admits-the-head-only"),
+                 id="net2-worker-policy-admits-the-head-only", marks=ONBOARDING_LANE),
     pytest.param(f"{OPS}::test_no_ray_node_joins_another_teams_gcs",
-                 without_head_isolation, ("joined team A's GCS",), id="sec2-heads-left-open-to-other-namespaces"),
+                 without_head_isolation, ("joined team A's GCS",), id="sec2-heads-left-open-to-other-namespaces", marks=ONBOARDING_LANE),
 ]
 
 
@@ -215,7 +221,7 @@ POINTER_MUTATIONS = [
     # Train refuses the storage outright).
     pytest.param(f"{TRN}::test_head_pod_death_retries_and_resumes_from_shared_storage",
                  {"training": {"checkpoints": {"storageClassName": "rayproof-node-local"}}},
-                 ("cluster storage", "shared storage"), id="trn2-checkpoints-on-node-local-disks"),
+                 ("cluster storage", "shared storage"), id="trn2-checkpoints-on-node-local-disks", marks=ONBOARDING_LANE),
 ]
 
 
