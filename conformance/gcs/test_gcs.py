@@ -599,6 +599,7 @@ def settled(job: dict[str, Any]) -> bool:
 
 
 @pytest.mark.clause("GCS-2")
+@pytest.mark.cluster_gangs(2)  # two teams' Ray clusters at once
 def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     """A head OOM on team A's RayCluster MUST stay inside team A: another
     team's job, from the platform's golden RayJob in namespace B, runs on a
