@@ -51,7 +51,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     """The project's own tests: unit tests, the clauses, and the clauses' self-tests."""
     parallel = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args.pytest_args) \
         else WORKERS
-    return _pytest([*parallel, str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
+    # The slowest items, so a run that grows longer says where its time went.
+    durations = [] if any(a.startswith("--durations") for a in args.pytest_args) else ["--durations=40"]
+    return _pytest([*parallel, *durations, str(REPO / "tests"), str(REPO / "conformance"), *args.pytest_args])
 
 
 def runner_rows() -> dict[str, str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from conformance.admission.sampling import Sampler, gang_violations, holds_resources
+from conformance.admission.sampling import Sampler, condition_t, gang_violations, holds_resources, wall_clock_step
 
 CLUSTER_UID, JOB_UID = "uid-raycluster", "uid-submitter-job"
 
@@ -78,3 +78,36 @@ def test_pods_of_a_released_gang_are_not_held_without_quota(monkeypatch) -> None
     assert held["jobs"]["job"]["pods"] == 3 and held["jobs"]["job"]["submitter"] == 1
     assert gang_violations([held], gangs, quota_gpus=0) == [
         "t=0.0s job: 3 gang pods and 1 submitter without quota reserved"]
+
+
+def _sample(t: float, wall: float, **conditions: str) -> dict:
+    return {"t": t, "wall": wall, "cq": {},
+            "jobs": {"stuck": {"conditions": {kind: {"status": "True", "reason": "R", "at": at}
+                                              for kind, at in conditions.items()}}}}
+
+
+def test_condition_times_are_placed_on_the_samplers_monotonic_clock() -> None:
+    """ADM-4 once failed at "pods gone after 300.2 s" on a machine whose wall clock
+    moved 57 s against its monotonic clock mid-clause: the pods had gone 242 s
+    after admission. Conditions are placed by the sample that first showed them."""
+    wall0 = 1_796_306_000.0  # 2026-12-03T13:53:20Z
+    samples = [_sample(0.0, wall0),
+               _sample(1.0, wall0 + 1.0, Admitted="2026-12-03T13:53:21Z"),
+               _sample(120.0, wall0 + 120.0, Admitted="2026-12-03T13:53:21Z"),
+               # the wall clock steps 57 s forward here; Kueue evicts at 240 s
+               _sample(241.0, wall0 + 298.0, Admitted="2026-12-03T13:53:21Z", Evicted="2026-12-03T13:58:17Z")]
+    assert condition_t(samples, "stuck", "Admitted") == 1.0
+    assert condition_t(samples, "stuck", "Evicted") == 240.0
+    assert wall_clock_step(samples) == 57.0
+    assert condition_t(samples, "stuck", "Requeued") is None
+    assert condition_t(samples, "other", "Admitted") is None
+
+
+def test_a_condition_is_never_placed_before_the_sample_that_did_not_show_it() -> None:
+    """An API server whose clock runs ahead of the runner's (or lastTransitionTime's
+    whole seconds) moves a time by at most one sample interval."""
+    wall0 = 1_796_306_000.0
+    samples = [_sample(10.0, wall0), _sample(11.0, wall0 + 1.0, Admitted="2026-12-03T13:50:00Z")]
+    assert condition_t(samples, "stuck", "Admitted") == 10.0
+    # the first sample already shows it: placed by its own wall clock, however long ago
+    assert condition_t(samples[1:], "stuck", "Admitted") == 11.0 - (wall0 + 1.0 - 1_796_305_800.0)

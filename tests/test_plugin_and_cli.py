@@ -38,6 +38,30 @@ def test_results_carry_clause_must_evidence_and_not_applicable(pytester):
     assert rows["T-2"]["outcome"] == "not_applicable"
 
 
+CLAUSE_ACROSS_A_CLOCK_STEP = '''
+import time
+
+import pytest
+
+@pytest.mark.clause("T-1")
+def test_timed(evidence, monkeypatch):
+    """The thing MUST happen in time."""
+    stepped = time.time() + 57  # the wall clock steps forward mid-clause (NTP, a paused VM)
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    assert False, "late"
+'''
+
+
+def test_a_step_of_the_wall_clock_during_a_clause_is_in_its_evidence(pytester):
+    _suite(pytester, CLAUSE_ACROSS_A_CLOCK_STEP)
+    out = pytester.path / "results.json"
+    result = pytester.runpytest("conformance", f"--rayproof-results={out}")
+    result.assert_outcomes(failed=1)
+    row = json.loads(out.read_text())["results"][0]
+    assert 56 <= row["evidence"]["wall_clock_step_s"] <= 58
+    result.stdout.fnmatch_lines(["*evidence: clock*", "*wall clock moved +5? s against its monotonic clock*"])
+
+
 def test_clauses_are_selected_by_their_id(pytester):
     _suite(pytester, CLAUSE_OK)
     pytester.runpytest("conformance", "-k", "T-1").assert_outcomes(passed=1)
@@ -150,5 +174,8 @@ def test_test_command_hands_pytest_options_to_pytest(monkeypatch):
     monkeypatch.setattr(cli, "_pytest", lambda args: seen.append(args) or 0)
     assert cli.main(["test", "-k", "ADM", "-x"]) == 0
     assert seen[0][-3:] == ["-k", "ADM", "-x"] and seen[0][:4] == cli.WORKERS, seen
+    assert "--durations=40" in seen[0], "the run says where its time went"
+    assert cli.main(["test", "--durations=5", "-n", "0"]) == 0
+    assert "--durations=5" in seen[1] and "--durations=40" not in seen[1], seen[1]
     with pytest.raises(SystemExit):
         cli.main(["report", "results.json", "-k", "ADM"])

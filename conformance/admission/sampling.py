@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Any, Iterable
 
 from fixtures import manifests as mf
@@ -285,3 +286,47 @@ def compact(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "jobs": {n: {k: v for k, v in j.items() if k not in ("pod_names", "conditions")}
                       for n, j in s["jobs"].items()}}
             for s in samples]
+
+
+def epoch(stamp: str | None) -> float | None:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+def condition_at(samples: list[dict[str, Any]], job: str, kind: str, status: str = "True",
+                 reason: str | None = None) -> float | None:
+    """The lastTransitionTime (epoch s) of the first sampled ``kind`` condition of ``job`` in ``status``."""
+    for s in samples:
+        c = s["jobs"].get(job, {}).get("conditions", {}).get(kind)
+        if c and c["status"] == status and (reason is None or c["reason"] == reason):
+            return epoch(c["at"])
+    return None
+
+
+def condition_t(samples: list[dict[str, Any]], job: str, kind: str, status: str = "True",
+                reason: str | None = None) -> float | None:
+    """When the first sampled ``kind`` condition of ``job`` in ``status`` turned so,
+    on the sampler's own clock (``t``, monotonic): its lastTransitionTime, placed by
+    the wall clock of the sample that first showed it, and never before the
+    sample that showed ``job`` without it. Figures measured this way cannot be
+    stretched by a step of the wall clock between the transition and a later
+    sample (a CI machine's wall clock once moved 57 s against its monotonic
+    clock during ADM-4, failing it at "pods gone after 300.2 s" when they had
+    gone 242 s after admission), and an API server whose clock is off moves
+    them by at most one sample interval."""
+    before = None
+    for s in samples:
+        job_now = s["jobs"].get(job)
+        if job_now is None:
+            continue
+        c = job_now.get("conditions", {}).get(kind)
+        if c and c["status"] == status and (reason is None or c["reason"] == reason):
+            at = s["t"] - max(0.0, s["wall"] - epoch(c["at"]))
+            return round(at if before is None else max(at, before), 1)
+        before = s["t"]
+    return None
+
+
+def wall_clock_step(samples: list[dict[str, Any]]) -> float:
+    """How far the wall clock moved against the monotonic one over the samples (0 when it did not)."""
+    offsets = [s["wall"] - s["t"] for s in samples]
+    return round(max(offsets) - min(offsets), 1) if offsets else 0.0

@@ -8,7 +8,8 @@ from typing import Any, NamedTuple
 import pytest
 
 from chaos import runner, straggler
-from conformance.admission.sampling import FINISHED, Sampler, compact, gang_of, gang_violations
+from conformance.admission.sampling import (FINISHED, Sampler, compact, condition_at, condition_t, epoch, gang_of,
+                                            gang_violations, wall_clock_step)
 from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
 from fixtures.events import parse_events
@@ -42,20 +43,6 @@ def finished(sample: dict[str, Any], names: list[str]) -> bool:
 def holds(job: dict[str, Any]) -> bool:
     """The job holds quota (admitted, not finished, not yet given back)."""
     return bool(job["quota"] and not job["finished"] and job["deploy"] not in FINISHED)
-
-
-def epoch(stamp: str | None) -> float | None:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
-
-
-def condition_at(samples: list[dict[str, Any]], job: str, kind: str, status: str = "True",
-                 reason: str | None = None) -> float | None:
-    """The lastTransitionTime (epoch s) of the first sampled ``kind`` condition of ``job`` in ``status``."""
-    for s in samples:
-        c = s["jobs"].get(job, {}).get("conditions", {}).get(kind)
-        if c and c["status"] == status and (reason is None or c["reason"] == reason):
-            return epoch(c["at"])
-    return None
 
 
 @pytest.mark.clause("ADM-1")
@@ -223,7 +210,6 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     evidence.record("samples", compact(samples))
     evidence.record("sampler_errors", sampler.errors[:10])
     admitted = first_sample(samples, name, lambda s, j: j["admitted"])
-    admitted_at = condition_at(samples, name, "Admitted")
     evicted_at = condition_at(samples, name, "Evicted", reason="PodsReadyTimeout")
     evicted, first_pods, gone = evicted_gang(samples, name)
     released = evicted and first_sample(samples[samples.index(evicted):], name,
@@ -241,13 +227,18 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
                             if c["type"] == "Requeued" and c["status"] == "True"
                             and epoch(c["lastTransitionTime"]) >= evicted_at), None)
 
-    def since_admission(at: float | None) -> float | None:
-        return None if at is None or admitted_at is None else round(at - admitted_at, 1)
+    # Durations from admission are read on the sampler's monotonic clock (the
+    # requeue's back-off, between two of the API server's own timestamps, on its).
+    admitted_t = condition_t(samples, name, "Admitted")
+
+    def since_admission(t: float | None) -> float | None:
+        return None if t is None or admitted_t is None else round(t - admitted_t, 1)
 
     figures = evidence.record("figures", {
-        "evicted_after_admission_s": since_admission(evicted_at),
-        "pods_gone_after_admission_s": since_admission(gone and gone["wall"]),
-        "quota_released_after_admission_s": since_admission(released and released["wall"]),
+        "evicted_after_admission_s": since_admission(condition_t(samples, name, "Evicted", reason="PodsReadyTimeout")),
+        "pods_gone_after_admission_s": since_admission(gone and gone["t"]),
+        "quota_released_after_admission_s": since_admission(released and released["t"]),
+        "wall_clock_step_s": wall_clock_step(samples),
         "requeued_after_eviction_s": None if None in (requeued_at, evicted_at) else round(requeued_at - evicted_at, 1),
         "requeue_count": requeues, "evicted_pods": first_pods,
         "pull_states": sorted({w for s in samples if name in s["jobs"] for w in s["jobs"][name]["waiting"]}),
@@ -258,8 +249,8 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     if figures["quota_released_after_admission_s"] is not None:
         record_idle_cost(lab.profile, evidence, gang * figures["quota_released_after_admission_s"],
                          "a gang that never gets Ready holding its quota from admission until its eviction released it")
-    assert admitted and admitted_at, f"the Workload of {name} was never seen admitted (samples: {len(samples)})"
-    assert outcome["evicted"]["reached"] and evicted_at, (
+    assert admitted and admitted_t is not None, f"the Workload of {name} was never seen admitted (samples: {len(samples)})"
+    assert outcome["evicted"]["reached"] and evicted_at and figures["evicted_after_admission_s"] is not None, (
         f"the Workload of {name} was not evicted for PodsReadyTimeout within {bound:g} s of submission; "
         f"its conditions: {outcome['evicted']['conditions']}")
     assert figures["evicted_after_admission_s"] <= bound, (

@@ -659,7 +659,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                                       description=f"the head of {ns_a}/{cluster_a} Ready again after its OOM kill")
                 window_end = (oom_figures(timeline, before, submitted_at)["ready_at"] or time.time()) + TAIL_S
                 with contextlib.suppress(WaitTimeout):  # judged below from what was seen
-                    wait_for(lambda: rayjob_sample(lab, ns_a, victim), settled, timeout=timeouts.RAYCLUSTER_READY,
+                    wait_for(lambda: rayjob_sample(lab, ns_a, victim), settled, timeout=timeouts.HEAD_LOSS_SETTLE,
                              interval=2, description=f"team A's RayJob {ns_a}/{victim} to settle after the head OOM")
                 try:
                     b_ticks = wait_for(lambda: ticks_of(lab, ns_b, other),
@@ -710,6 +710,6 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     assert b_status.get("jobStatus") == "RUNNING", f"team B's RayJob {ns_b}/{other} is no longer running: {b_status}"
     assert settled(victim_after), (
         f"team A's RayJob {ns_a}/{victim}, whose driver ran on the OOM-killed head, still shows {victim_after} "
-        f"{timeouts.RAYCLUSTER_READY.seconds:g} s after the head was Ready again: neither terminal nor retrying"
+        f"{timeouts.HEAD_LOSS_SETTLE.seconds:g} s after the head was Ready again: neither terminal nor retrying"
         + (f"; its entrypoint started again from the beginning {rerun_after_s:g} s after the pressure was "
            "submitted, which the RayJob's status does not show" if rerun else ""))
