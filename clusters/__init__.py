@@ -42,6 +42,17 @@ class Target(Protocol):
         nodes not Ready or under pressure, and (embedded) a platform process
         that is not running, with its log's last lines."""
 
+    def prepare_kuberay_upgrade(self, version: str, progress: Progress = ...) -> None:
+        """What an upgrade to ``version`` needs before any workload runs (the
+        embedded platform builds that operator; an existing cluster needs nothing)."""
+
+    def upgrade_kuberay(self, version: str, progress: Progress = ...) -> dict[str, Any]:
+        """Upgrade the KubeRay operator to ``version`` while workloads run
+        (`certify --upgrade-to`): the embedded platform does it (CRDs in
+        place, then the operator restarted on the new build); on an existing
+        cluster the person running the suite does, and this waits until the
+        operator's Deployment runs it. Returns when each step ended."""
+
     def close(self) -> None:
         """Leave the cluster as it was found (the embedded one is taken down
         only when this process brought it up)."""

@@ -8,6 +8,7 @@ nothing is created.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,29 @@ class ExistingCluster:
     def diagnose(self) -> str:
         return node_health(self.api_client())
 
+    def prepare_kuberay_upgrade(self, version: str, progress: Any = print) -> None:
+        """Nothing: the person running the suite upgrades the operator when asked."""
+
+    def upgrade_kuberay(self, version: str, progress: Any = print) -> dict[str, Any]:
+        """The suite does not upgrade what it did not install: it asks the
+        person running it to, and waits until KubeRay's operator Deployment
+        runs an image tagged ``version`` and has rolled out."""
+        from rayproof import timeouts
+        from rayproof.waiting import wait_for
+
+        api = self.api_client()
+        before = operator_versions(api)["kuberay"]
+        progress(f"upgrade the KubeRay operator of this cluster from {before} to {version} now, as you would "
+                 "(CRDs first, then the operator, e.g. `helm upgrade` of its chart); the suite's RayService and "
+                 "RayJob keep running and are measured meanwhile. Waiting up to "
+                 f"{timeouts.OPERATOR_UPGRADE.seconds / 60:g} min (RAYPROOF_TIMEOUT_OPERATOR_UPGRADE) for the "
+                 f"operator Deployment to run {version}")
+        started = time.time()
+        wait_for(lambda: kuberay_rollout(api), lambda seen: seen["tag"] == version and seen["rolled_out"],
+                 timeout=timeouts.OPERATOR_UPGRADE, interval=5,
+                 description=f"KubeRay's operator Deployment to run an image tagged {version}, rolled out")
+        return {"from": before, "to": version, "asked_at": started, "operator_ready_at": time.time()}
+
     def close(self) -> None:
         """Nothing to do: the cluster was here before and stays."""
 
@@ -136,6 +160,20 @@ def image_tag(deployment: Any) -> str | None:
         if ":" in c.image.rsplit("/", 1)[-1]:
             return c.image.rsplit(":", 1)[1]
     return None
+
+
+def kuberay_rollout(api: Any) -> dict[str, Any]:
+    """KubeRay's operator Deployment: its image tag and whether its rollout is
+    done (observed, every replica updated and available)."""
+    deps = operator_deployments(api)["kuberay"]
+    if not deps:
+        return {"tag": None, "rolled_out": False, "why": "no KubeRay operator Deployment found"}
+    d = deps[0]
+    st = d.status
+    want = d.spec.replicas if d.spec.replicas is not None else 1
+    done = ((st.observed_generation or 0) >= (d.metadata.generation or 0) and (st.updated_replicas or 0) == want
+            and (st.available_replicas or 0) == want and not (st.replicas or 0) > want)
+    return {"deployment": f"{d.metadata.namespace}/{d.metadata.name}", "tag": image_tag(d), "rolled_out": done}
 
 
 def operator_versions(api: Any) -> dict[str, str]:

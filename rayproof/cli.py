@@ -95,11 +95,9 @@ def target_rows(target: dict | None) -> dict[str, str]:
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
-    """Run every clause against the platform and write JUnit, Allure and the certification summary."""
-    import yaml
-
+    """Run every clause against the platform and write JUnit, Allure and the certification summary
+    (with --upgrade-to: certify, upgrade the KubeRay operator under load, certify again, compare)."""
     from rayproof import processes, profile as profile_mod
-    from reports import bundle, summary as summary_mod, timeline
 
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
         print(f"rayproof: kubeconfig {args.kubeconfig} does not exist; pass the path of a kubeconfig file "
@@ -109,14 +107,15 @@ def cmd_certify(args: argparse.Namespace) -> int:
         print("rayproof: --platform-name and --platform-profile apply to the embedded platform, not to --kubeconfig",
               file=sys.stderr)
         return BAD_INPUT_EXIT
+    if args.upgrade_to and (why := _bad_upgrade_target(args)):
+        print(f"rayproof: --upgrade-to {args.upgrade_to}: {why}", file=sys.stderr)
+        return BAD_INPUT_EXIT
     try:
         profile = profile_mod.load(args.profile)
     except profile_mod.ProfileError as exc:
         print(f"rayproof: bad profile: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
     out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
-    results = out / "results.json"
-    began = time.monotonic()
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so a platform this
     # run brought up comes down again.
     previous = signal.signal(signal.SIGTERM, processes.unwind_on_sigterm)
@@ -125,15 +124,50 @@ def cmd_certify(args: argparse.Namespace) -> int:
         if isinstance(target, int):
             return target
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            print(f"rayproof: certifying; reports go to {out}", flush=True)
-            described = {**target.describe(), "certification_profile": profile.source,
-                         "golden_templates": profile.template_digests()}
-            rc = _pytest([*WORKERS, *_certify_pytest_args(args, out, results)])
+            if not args.upgrade_to:
+                return _certification(args, profile, target, out)
+            return _upgrade_certification(args, profile, target, out)
         finally:
             target.close()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _bad_upgrade_target(args: argparse.Namespace) -> str | None:
+    """Why ``--upgrade-to`` cannot be done (None: it can)."""
+    import re
+
+    if not re.fullmatch(r"v\d+\.\d+\.\d+", args.upgrade_to):
+        return "a KubeRay version looks like v1.6.0"
+    if args.k:
+        return "an upgrade certification certifies every clause before and after the upgrade; drop -k"
+    if not args.kubeconfig:
+        from clusters.embedded import build
+
+        known = build.kuberay_upgrade_versions()
+        if args.upgrade_to not in known:
+            return (f"the embedded platform can be upgraded to {', '.join(known) or 'no version'} (locked in "
+                    "clusters/embedded/upgrades/; `python -m clusters.embedded.build --relock-kuberay VERSION` "
+                    "locks another)")
+    return None
+
+
+def _certification(args: argparse.Namespace, profile: Any, target: Any, out: Path,
+                   extra: tuple[str, ...] = ()) -> int:
+    """One certification run of ``target`` into ``out``: pytest over the
+    clauses, then the certificate, Allure timelines and the evidence bundle;
+    returns certify's exit status."""
+    import yaml
+
+    from reports import bundle, summary as summary_mod, timeline
+
+    results = out / "results.json"
+    began = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"rayproof: certifying; reports go to {out}", flush=True)
+    described = {**target.describe(), "certification_profile": profile.source,
+                 "golden_templates": profile.template_digests()}
+    rc = _pytest([*WORKERS, *_certify_pytest_args(args, out, results), *extra])
     if not results.exists():
         if rc == 2:
             print("rayproof: INCOMPLETE — the run was interrupted before any result was written", file=sys.stderr)
@@ -155,6 +189,81 @@ def cmd_certify(args: argparse.Namespace) -> int:
     print(f"rayproof: evidence bundle {archive} (check it offline: bin/rayproof verify {archive})")
     return {summary_mod.CERTIFIED: CERTIFIED_EXIT, summary_mod.NOT_CERTIFIED: NOT_CERTIFIED_EXIT}.get(
         summary["verdict"], NO_VERDICT_EXIT)
+
+
+UPGRADE_CLAUSE = "UPG-1"
+
+
+def _upgrade_certification(args: argparse.Namespace, profile: Any, target: Any, out: Path) -> int:
+    """Certify (``out/before``), upgrade the KubeRay operator while a
+    RayService serves load and a RayJob trains (UPG-1, ``out/upgrade``),
+    certify again (``out/after``) and compare the two (``out/comparison.txt``);
+    ``out/upgrade.md`` says it all in one page. CERTIFIED only when both
+    certifications are and UPG-1 passed."""
+    from reports import compare
+
+    began_with = target.describe()["versions"].get("kuberay")
+    print(f"rayproof: upgrade certification: KubeRay {began_with} -> {args.upgrade_to}; reports go to {out}",
+          flush=True)
+    target.prepare_kuberay_upgrade(args.upgrade_to, progress=lambda m: print(f"rayproof: {m}", flush=True))
+    statuses = {"before": _certification(args, profile, target, out / "before")}
+    if statuses["before"] in (PREFLIGHT_EXIT, INTERNAL_ERROR_EXIT) or not (out / "before" / "results.json").exists():
+        return statuses["before"]
+    statuses["upgrade"] = _certification(args, profile, target, out / "upgrade",
+                                         extra=("-k", UPGRADE_CLAUSE, "--upgrade-to", args.upgrade_to))
+    upgraded = _clause_row(out / "upgrade", UPGRADE_CLAUSE)
+    if not upgraded or upgraded["outcome"] != "passed":
+        print(f"rayproof: {UPGRADE_CLAUSE} did not pass; the platform is not certified again after a failed "
+              f"upgrade ({out / 'upgrade' / 'certification.md'})", file=sys.stderr)
+        _write_upgrade_page(out, began_with, args.upgrade_to, upgraded, None)
+        return NOT_CERTIFIED_EXIT if upgraded else statuses["upgrade"]
+    statuses["after"] = _certification(args, profile, target, out / "after")
+    if not (out / "after" / "results.json").exists():
+        return statuses["after"]
+    comparison = compare.compare(compare.load(out / "before"), compare.load(out / "after"))
+    (out / "comparison.txt").write_text(compare.to_text(comparison) + "\n")
+    _write_upgrade_page(out, began_with, args.upgrade_to, upgraded, comparison)
+    print(f"rayproof: upgrade certification written to {out / 'upgrade.md'}")
+    if statuses["before"] == statuses["after"] == CERTIFIED_EXIT and not comparison.regressions:
+        return CERTIFIED_EXIT
+    return NOT_CERTIFIED_EXIT if NOT_CERTIFIED_EXIT in statuses.values() or comparison.regressions \
+        else NO_VERDICT_EXIT
+
+
+def _clause_row(directory: Path, clause: str) -> dict[str, Any] | None:
+    try:
+        rows = json.loads((directory / "results.json").read_text())["results"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((r for r in rows if r.get("clause") == clause), None)
+
+
+def _write_upgrade_page(out: Path, before: str | None, after: str, upgraded: dict[str, Any] | None,
+                        comparison: Any) -> None:
+    """``out/upgrade.md``: the two verdicts, UPG-1's outcome and its figures, the comparison."""
+    from reports import compare
+
+    def verdict(name: str) -> str:
+        try:
+            data = json.loads((out / name / "certification.json").read_text())
+            return f"{data['verdict']} — {data['verdict_reason']}"
+        except (OSError, ValueError, KeyError):
+            return "not run"
+
+    evidence = (upgraded or {}).get("evidence") or {}
+    lines = [f"# rayproof upgrade certification: KubeRay {before} -> {after}", "",
+             f"- before the upgrade: {verdict('before')} ([certificate](before/certification.md))",
+             f"- {UPGRADE_CLAUSE}, the upgrade under load: {(upgraded or {}).get('outcome', 'not run')}"
+             f" ([report](upgrade/certification.md))" + (f": {upgraded['message']}" if upgraded and upgraded.get("message")
+                                                         else ""),
+             f"- after the upgrade: {verdict('after')} ([certificate](after/certification.md))", "",
+             "## Across the upgrade", ""]
+    figures = evidence.get("figures") or {}
+    lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in figures.items()] or ["(no figures)"]
+    if evidence.get("availability_during_upgrade"):
+        lines.append(f"- availability during the upgrade: {evidence['availability_during_upgrade']}")
+    lines += ["", "## Before and after", "", "```", compare.to_text(comparison) if comparison else "not compared", "```", ""]
+    (out / "upgrade.md").write_text("\n".join(lines))
 
 
 def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
@@ -416,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reveal-tenant-names", action="store_true",
                    help="record other tenants' Service and Ingress names in the evidence as they are (default: "
                         "hashed, sha256 of namespace/name, for a certificate meant to be published)")
+    p.add_argument("--upgrade-to", metavar="VERSION",
+                   help="certify, upgrade the KubeRay operator to VERSION while a RayService serves load and a RayJob "
+                        "trains (UPG-1; on an existing cluster you upgrade it when asked), certify again and compare: "
+                        "OUT/before, OUT/upgrade, OUT/after, OUT/comparison.txt and OUT/upgrade.md")
     p.set_defaults(func=cmd_certify)
 
     p = sub.add_parser("test", help=cmd_test.__doc__)

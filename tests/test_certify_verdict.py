@@ -55,8 +55,8 @@ def test_a_subset_is_partial_and_exits_with_the_no_verdict_status(target, tmp_pa
     assert run.returncode == cli.NO_VERDICT_EXIT, output[-4000:]
     certificate = json.loads((tmp_path / "out" / "certification.json").read_text())
     assert certificate["verdict"] == "PARTIAL", certificate["verdict_reason"]
-    assert certificate["verdict_reason"].startswith("1 of 16 clauses run"), certificate["verdict_reason"]
-    assert "rayproof: PARTIAL — 1 of 16 clauses run" in output, output[-4000:]
+    assert certificate["verdict_reason"].startswith("1 of 17 clauses run"), certificate["verdict_reason"]
+    assert "rayproof: PARTIAL — 1 of 17 clauses run" in output, output[-4000:]
     assert (tmp_path / "out" / "certification.md").read_text().startswith("# rayproof certification: PARTIAL")
     archives = list((tmp_path / "out").glob("certification-*.tar.gz"))
     assert len(archives) == 1 and f"evidence bundle {archives[0]}" in output, output[-4000:]

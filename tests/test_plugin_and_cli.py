@@ -59,7 +59,7 @@ def test_a_step_of_the_wall_clock_during_a_clause_is_in_its_evidence(pytester):
     result.assert_outcomes(failed=1)
     row = json.loads(out.read_text())["results"][0]
     assert 56 <= row["evidence"]["wall_clock_step_s"] <= 58
-    result.stdout.fnmatch_lines(["*evidence: clock*", "*wall clock moved +5? s against its monotonic clock*"])
+    result.stdout.fnmatch_lines(["*evidence: clock*", "*wall clock moved +5* s against its monotonic clock*"])
 
 
 def test_clauses_are_selected_by_their_id(pytester):
@@ -92,7 +92,7 @@ def test_the_catalogue_is_every_clause_pytest_collects_from_conformance(pytester
     pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
     result = pytester.runpytest(str(CONFORMANCE), "--collect-only", "-q", "-p", "no:cacheprovider")
     collected = {line.split("::")[-1] for line in result.outlines if "::test_" in line}
-    assert len(collected) == len(catalogue()) == 16, (collected, catalogue())
+    assert len(collected) == len(catalogue()) == 17, (collected, catalogue())
     assert not [cid for cid in catalogue() if cid.startswith("WL-")], "the runtime tier is not certified"
 
 

@@ -26,6 +26,7 @@ import base64
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -135,9 +136,7 @@ class Addons:
 
     def crd_documents(self) -> list[dict[str, Any]]:
         """Every CRD to install, Kueue's conversion webhooks pointed at loopback."""
-        docs: list[dict[str, Any]] = []
-        for f in sorted((self.manifests / "kuberay" / "crd").glob("*.yaml")):
-            docs += _load_yaml_docs(f)
+        docs = kuberay_crd_documents(self.manifests / "kuberay" / "crd")
         ca_bundle = _b64(self.cp.ca_file)
         patches = {}
         for plural in KUEUE_CONVERSION_CRDS:
@@ -157,20 +156,21 @@ class Addons:
             raise RuntimeError(f"conversion patches for CRDs not among the manifests: {sorted(patches)}")
         return docs
 
-    def install_crds(self, api: Any) -> list[str]:
-        """Create every CRD (server-side apply over one that exists); wait
-        until all are Established.
+    def install_crds(self, api: Any, docs: Sequence[dict[str, Any]] | None = None) -> list[str]:
+        """Create every CRD (``docs``, by default the platform's own), by
+        server-side apply over one that exists; wait until all are Established.
 
         Create first because it is several times cheaper for the API server
         than an apply of the 1 MB KubeRay CRDs (measured 1 s against 3-9 s on
-        two cores); apply keeps a re-run idempotent.
+        two cores); apply keeps a re-run idempotent, and updates a CRD in
+        place on an upgrade (its objects stay).
         """
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         ext = client.ApiextensionsV1Api(api)
         names = []
-        for doc in self.crd_documents():
+        for doc in self.crd_documents() if docs is None else docs:
             name = doc["metadata"]["name"]
             try:
                 _consume(ext.create_custom_resource_definition(
@@ -275,12 +275,31 @@ class Addons:
         return write_kubeconfig(self.run_dir / f"{name}.kubeconfig", self.cp.api_server_url,
                                 self.cp.ca_file, pair, user)
 
-    def _start_kuberay(self) -> None:
+    def upgrade_kuberay(self, binary: Path, crds: Path) -> dict[str, float]:
+        """Upgrade the KubeRay operator in place, as `helm upgrade` of its chart
+        does: its CRDs first (applied over the old ones, so every RayJob,
+        RayCluster and RayService stays), then the operator stopped and
+        started on ``binary`` with the same flags; returns when each step
+        ended (epoch seconds)."""
+        api = self.cp.api_client()
+        try:
+            self.install_crds(api, kuberay_crd_documents(crds))
+            at = {"crds_applied_at": time.time()}
+            self.supervisor.stop("kuberay-operator")
+            at["operator_stopped_at"] = time.time()
+            self._start_kuberay(binary)
+            self._wait_health(("kuberay-operator",))
+            at["operator_ready_at"] = time.time()
+            return at
+        finally:
+            api.close()
+
+    def _start_kuberay(self, binary: Path | None = None) -> None:
         ports = self.ports
         kc = self._kubeconfig("kuberay-operator", self.cp.pki.kuberay_operator, "kuberay-operator")
         gates = self.profile.kuberay["featureGates"]
         argv = [
-            str(self.binaries["kuberay-operator"]),
+            str(binary or self.binaries["kuberay-operator"]),
             f"--kubeconfig={kc}",
             "--enable-leader-election=false",
             f"--metrics-addr={LOOPBACK}:{ports['kuberay_metrics']}",
@@ -403,6 +422,14 @@ class Addons:
             if what:
                 done.append(what)
         return done
+
+
+def kuberay_crd_documents(directory: Path) -> list[dict[str, Any]]:
+    """The KubeRay CRDs in ``directory`` (copied from its module's config/crd/bases)."""
+    docs: list[dict[str, Any]] = []
+    for f in sorted(directory.glob("*.yaml")):
+        docs += _load_yaml_docs(f)
+    return docs
 
 
 def _consume(resp: Any) -> bytes:

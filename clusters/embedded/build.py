@@ -69,6 +69,11 @@ RECIPE = "2"
 # repository; `python -m clusters.embedded.build --relock` rewrites them.
 LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
 COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue")
+# KubeRay operator versions the embedded platform can be upgraded to
+# (`certify --upgrade-to`), each a consumer module locked the same way in
+# upgrades/kuberay-<version>/ (`--relock-kuberay VERSION` writes it). Kept
+# apart from gomod/ so that adding one leaves the platform's build key alone.
+UPGRADE_MODULES = HERE / "upgrades"
 
 BINARIES = (
     "etcd",
@@ -82,11 +87,6 @@ MARKER = ".complete"
 # Bump when the set or layout of copied manifests changes: a finished build
 # then gets its manifests/ re-copied from the module cache, with no rebuild.
 MANIFESTS_RECIPE = "2"
-# The consumer modules' resolved go.mod and go.sum, committed: a build uses
-# them read-only (-mod=readonly), so every module and its hash is fixed in the
-# repository; `python -m clusters.embedded.build --relock` rewrites them.
-LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
-COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue")
 PROGRESS_INTERVAL_S = 30.0
 
 # Where the main package lives inside each operator's module.
@@ -441,6 +441,7 @@ def _prepare(
     env: dict[str, str],
     progress: Progress,
     relock: bool = False,
+    locked: pathlib.Path | None = None,
 ) -> tuple[_Component, dict]:
     """Write the consumer module for one component from its committed go.mod
     and go.sum (``clusters/embedded/gomod/<name>/``); with ``relock``, resolve
@@ -495,7 +496,7 @@ def _prepare(
     else:  # pragma: no cover - programming error
         raise ValueError(name)
 
-    locked = LOCKED_MODULES / name
+    locked = locked or LOCKED_MODULES / name
     if relock:
         _write_if_changed(mdir / "go.mod", text)
         (mdir / "go.sum").unlink(missing_ok=True)
@@ -509,9 +510,9 @@ def _prepare(
             shutil.copyfile(mdir / lock_file, locked / lock_file)
         progress(f"  {name}: modules resolved in {_fmt_s(time.monotonic() - t0)}, locked in {locked}")
     elif not (locked / "go.mod.in").is_file() or (locked / "go.mod.in").read_text() != text:
-        raise RuntimeError(f"{locked} was resolved for other pins than clusters/embedded/versions.toml's "
-                           f"({mod}@{ver}); run `python -m clusters.embedded.build --relock` and commit "
-                           "clusters/embedded/gomod/")
+        raise RuntimeError(f"{locked} was resolved for other pins than {mod}@{ver}; run "
+                           "`python -m clusters.embedded.build --relock` (--relock-kuberay VERSION for an upgrade "
+                           f"target) and commit {locked.parent}/")
     else:
         for lock_file in ("go.mod", "go.sum"):
             _write_if_changed(mdir / lock_file, (locked / lock_file).read_text())
@@ -687,34 +688,7 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
             t0 = time.monotonic()
             comp, infos[name] = _prepare(name, src, versions, go=go, env=env, progress=progress)
             timings[f"{name}:modules"] = round(time.monotonic() - t0, 1)
-            for binary, pkg, tags, ldflags in comp.builds:
-                dest = staging / binary
-                if dest.is_file():
-                    progress(f"  {binary}: already built by an interrupted run, kept")
-                    continue
-                t1 = time.monotonic()
-                progress(f"[{binary}] building {pkg}")
-                try:
-                    listed = _go_capture(
-                        ["list", "-mod=readonly", "-deps", *(["-tags", tags] if tags else []), pkg],
-                        go=go, env=env, cwd=comp.dir,
-                    )
-                    total = len(listed.split())
-                except RuntimeError:
-                    total = None
-                tmp = staging / f".{binary}.tmp"
-                tmp.unlink(missing_ok=True)
-                args = ["build", "-mod=readonly", "-v", "-trimpath"]  # go.mod and go.sum as committed
-                if tags:
-                    args += ["-tags", tags]
-                args += ["-ldflags", ldflags, "-o", str(tmp), pkg]
-                _run_go(args, go=go, env=env, cwd=comp.dir, label=binary, progress=progress,
-                        what="compiling", total_hint=total)
-                os.chmod(tmp, 0o755)
-                os.replace(tmp, dest)
-                dt = time.monotonic() - t1
-                timings[binary] = round(dt, 1)
-                progress(f"[{binary}] done in {_fmt_s(dt)} ({dest.stat().st_size / 2**20:.0f} MiB)")
+            timings.update(_build_binaries(comp, staging, go=go, env=env, progress=progress))
 
         _write_manifests(staging / "manifests", infos, versions)
         total_s = time.monotonic() - t_all
@@ -737,6 +711,115 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
         os.replace(staging, final)
         progress(f"embedded platform built in {_fmt_s(total_s)}: {final}")
         return _result(final)
+
+
+def _build_binaries(comp: _Component, staging: pathlib.Path, *, go: str, env: dict[str, str],
+                    progress: Progress) -> dict[str, float]:
+    """Build each binary of ``comp`` into ``staging`` (one already there from an
+    interrupted run is kept); returns the seconds each took."""
+    timings: dict[str, float] = {}
+    for binary, pkg, tags, ldflags in comp.builds:
+        dest = staging / binary
+        if dest.is_file():
+            progress(f"  {binary}: already built by an interrupted run, kept")
+            continue
+        t1 = time.monotonic()
+        progress(f"[{binary}] building {pkg}")
+        try:
+            listed = _go_capture(["list", "-mod=readonly", "-deps", *(["-tags", tags] if tags else []), pkg],
+                                 go=go, env=env, cwd=comp.dir)
+            total = len(listed.split())
+        except RuntimeError:
+            total = None
+        tmp = staging / f".{binary}.tmp"
+        tmp.unlink(missing_ok=True)
+        args = ["build", "-mod=readonly", "-v", "-trimpath"]  # go.mod and go.sum as committed
+        if tags:
+            args += ["-tags", tags]
+        args += ["-ldflags", ldflags, "-o", str(tmp), pkg]
+        _run_go(args, go=go, env=env, cwd=comp.dir, label=binary, progress=progress,
+                what="compiling", total_hint=total)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+        dt = time.monotonic() - t1
+        timings[binary] = round(dt, 1)
+        progress(f"[{binary}] done in {_fmt_s(dt)} ({dest.stat().st_size / 2**20:.0f} MiB)")
+    return timings
+
+
+def kuberay_upgrade_versions() -> list[str]:
+    """The KubeRay versions the embedded platform can be upgraded to (each locked in upgrades/)."""
+    return sorted(p.name.removeprefix("kuberay-") for p in UPGRADE_MODULES.glob("kuberay-v*")
+                  if (p / "go.mod.in").is_file())
+
+
+def _kuberay_pins(version: str) -> dict:
+    versions = load_versions()
+    return {**versions, "kuberay": {**versions["kuberay"], "version": version}}
+
+
+def ensure_kuberay_built(version: str, progress: Callable[[str], None] = print) -> dict[str, pathlib.Path]:
+    """Build (once) the KubeRay operator at ``version``, an upgrade target of
+    the embedded platform, from its published module and the go.mod and
+    go.sum locked in ``upgrades/kuberay-<version>/``. Returns
+    ``{"kuberay-operator": binary, "crds": directory of its CRDs}`` under
+    ``<cache>/bin/kuberay-<version>-<key>/``. Raises ValueError for a version
+    that is not locked here, RuntimeError when Go or a module cannot be had."""
+    lock = UPGRADE_MODULES / f"kuberay-{version}"
+    if version not in kuberay_upgrade_versions():
+        raise ValueError(f"KubeRay {version} is not an upgrade target of the embedded platform (locked: "
+                         f"{', '.join(kuberay_upgrade_versions()) or 'none'}); lock one with `python -m "
+                         "clusters.embedded.build --relock-kuberay VERSION` and commit clusters/embedded/upgrades/")
+    versions = _kuberay_pins(version)
+    go = _go_exe()
+    env = _go_env(versions)
+    goversion = _go_version(go, env)
+    _check_go(versions, goversion)
+    h = hashlib.sha256(f"recipe={RECIPE}\ngo={goversion}\n".encode())
+    for path in sorted(lock.glob("go.*")):
+        h.update(path.read_bytes())
+    root = cache_root()
+    final = root / "bin" / f"kuberay-{version}-{h.hexdigest()[:16]}"
+    result = {"kuberay-operator": final / "kuberay-operator", "crds": final / "crd"}
+    if (final / MARKER).is_file():
+        return result
+    with _locked(root / "bin" / f".{final.name}.lock", progress):
+        if (final / MARKER).is_file():
+            return result
+        staging = final.with_name(final.name + ".partial")
+        staging.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        progress(f"building the KubeRay operator {version} with {goversion} into {final}")
+        src = root / "src" / final.name
+        src.mkdir(parents=True, exist_ok=True)
+        comp, info = _prepare("kuberay", src, versions, go=go, env=env,
+                              progress=progress, locked=lock)
+        timings = _build_binaries(comp, staging, go=go, env=env, progress=progress)
+        crds = pathlib.Path(info["Dir"]) / "config" / "crd" / "bases"
+        if (staging / "crd").exists():
+            shutil.rmtree(staging / "crd")
+        if not _copy_tree_files(crds, staging / "crd"):
+            raise RuntimeError(f"no KubeRay CRDs under {crds}")
+        (staging / MARKER).write_text(json.dumps({"module": versions["kuberay"]["module"], "version": version,
+                                                  "go": goversion, "seconds": timings}, indent=2) + "\n")
+        os.replace(staging, final)
+        progress(f"KubeRay operator {version} built in {_fmt_s(time.monotonic() - t0)}: {final}")
+    return result
+
+
+def relock_kuberay(version: str, progress: Callable[[str], None] = print) -> None:
+    """Resolve the KubeRay operator ``version``'s consumer module and write its
+    go.mod and go.sum to ``upgrades/kuberay-<version>/``; builds nothing."""
+    if not re.fullmatch(r"v\d+\.\d+\.\d+", version):
+        raise ValueError(f"a KubeRay version looks like v1.6.0, not {version!r}")
+    versions = _kuberay_pins(version)
+    go = _go_exe()
+    env = _go_env(versions)
+    _check_go(versions, _go_version(go, env))
+    src = cache_root() / "src" / f"relock-kuberay-{version}"
+    src.mkdir(parents=True, exist_ok=True)
+    _prepare("kuberay", src, versions, go=go, env=env, progress=progress, relock=True,
+             locked=UPGRADE_MODULES / f"kuberay-{version}")
 
 
 def relock(progress: Callable[[str], None] = print) -> None:
@@ -773,6 +856,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relock", action="store_true",
                         help="resolve the pinned modules afresh into clusters/embedded/gomod/ (go.mod, go.sum); "
                              "run after changing versions.toml, then commit them")
+    parser.add_argument("--relock-kuberay", metavar="VERSION",
+                        help="lock the KubeRay operator VERSION as an upgrade target into clusters/embedded/upgrades/")
+    parser.add_argument("--kuberay", metavar="VERSION",
+                        help="build (or find) the KubeRay operator VERSION, an upgrade target, instead")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     log: Progress = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
@@ -780,8 +867,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.relock:
             relock(log)
             return 0
-        paths = ensure_built(log)
-    except RuntimeError as exc:
+        if args.relock_kuberay:
+            relock_kuberay(args.relock_kuberay, log)
+            return 0
+        paths = ensure_kuberay_built(args.kuberay, log) if args.kuberay else ensure_built(log)
+    except (RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     elapsed = time.monotonic() - t0

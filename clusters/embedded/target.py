@@ -58,7 +58,7 @@ class EmbeddedTarget:
     def describe(self) -> dict[str, Any]:
         info = describe_cluster(self.api_client())
         info["kind"] = "embedded platform (node agent in place of kubelet + container runtime)"
-        pins = build.pinned_versions()
+        pins = {**build.pinned_versions(), **(self.platform.state.read().get("versions") or {})}  # an upgraded KubeRay
         info["versions"].update({"kuberay": pins.get("kuberay"), "kueue": pins.get("kueue"),
                                  "etcd": pins.get("etcd")})
         info["platform_profile"] = self.platform.profile.as_dict()
@@ -76,6 +76,15 @@ class EmbeddedTarget:
                 lines = Path(rec.log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if Path(rec.log).exists() else []
                 parts.append(f"--- {rec.name} (PID {rec.pid}), last {len(lines)} lines of {rec.log}\n" + "\n".join(lines))
         return "\n".join(parts)
+
+    def prepare_kuberay_upgrade(self, version: str, progress: Progress = lambda m: None) -> None:
+        """Build the KubeRay operator ``version`` from its Go module (once; cached)."""
+        build.ensure_kuberay_built(version, progress)
+
+    def upgrade_kuberay(self, version: str, progress: Progress = lambda m: None) -> dict[str, Any]:
+        """Upgrade the platform's KubeRay operator to ``version`` in place (CRDs, then the operator)."""
+        self.platform.progress = progress
+        return self.platform.upgrade_kuberay(version)
 
     def close(self) -> None:
         self.platform.leave()

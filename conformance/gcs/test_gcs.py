@@ -7,30 +7,23 @@ import contextlib
 import shlex
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
 
 from chaos import runner
+from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVICE_UP, apps_running, deleted_first,
+                                 load_seconds, load_window, serve_config, serve_endpoints, service_sample, start_load)
 from fixtures import golden, manifests as mf
 from fixtures.events import parse_events
-from fixtures.kube import condition, pod_ready
+from fixtures.kube import pod_ready
 from rayproof import timeouts
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-SERVE_CONFIG = REPO / "workloads" / "serve_config.yaml"
-LOAD_GEN = REPO / "workloads" / "load_gen.py"
-LOADGEN_CONFIGMAP = "rayproof-loadgen"
-LOADGEN_MOUNT = "/opt/rayproof-loadgen"
-SERVE_PORT = 8000
-LOAD_RATE = 10.0  # requests per second during the whole event
-REQUEST_TIMEOUT_S = 2.0
 TAIL_S = 15.0  # the availability window runs this long past the cluster's recovery (head, apps, Ray nodes)
 RAY_NODES_URL = "http://{host}:{port}/api/v0/nodes?limit=1000&timeout=3"  # Ray's state API, answered from the GCS
 PRESSURE_FACTOR = 4  # the pressure job aims at this multiple of the head's memory limit
@@ -40,8 +33,6 @@ PRESSURE_FACTOR = 4  # the pressure job aims at this multiple of the head's memo
 EVENT = Tier("gcs_event", timeouts.RAYCLUSTER_READY.seconds + timeouts.SERVE_APP.seconds
              + 2 * timeouts.CONTAINER_TRANSITION.seconds,
              "a head OOM from the pressure job's submission until the cluster and its apps are back")
-SERVICE_UP = Tier("gcs_service_up", timeouts.RAYCLUSTER_READY.seconds + timeouts.SERVE_APP.seconds,
-                  "a RayService's cluster up and its Serve applications RUNNING")
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -68,13 +59,6 @@ def head_sample(lab, ns: str, cluster: str) -> dict[str, Any]:
             "last_reason": last.reason if last else None, "last_exit_code": last.exit_code if last else None,
             "last_finished": last.finished_at.timestamp() if last and last.finished_at else None,
             "running": bool(status and status.state and status.state.running), "ready": pod_ready(pod)}
-
-
-def pod_restarts(lab, ns: str) -> dict[str, Any]:
-    """Every pod of ``ns`` by name: uid and total container restarts."""
-    return {p.metadata.name: {"uid": p.metadata.uid, "phase": p.status.phase,
-                              "restarts": sum(c.restart_count for c in p.status.container_statuses or [])}
-            for p in lab.pods(ns)}
 
 
 def worker_pods(lab, ns: str, cluster: str) -> dict[str, Any]:
@@ -235,108 +219,6 @@ class Timeline:
 
     def first(self, predicate: Callable[[dict[str, Any]], bool], after: float = 0.0) -> dict[str, Any] | None:
         return next((s for s in self.samples if s["t"] >= after and predicate(s)), None)
-
-
-# -- Serve and its load ------------------------------------------------------------------
-
-
-def serve_config(replicas: int) -> str:
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
-    for app in config["applications"]:
-        for deployment in app.get("deployments", []):
-            deployment["num_replicas"] = replicas
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-def service_sample(lab, ns: str, name: str) -> dict[str, Any]:
-    obj = lab.ray(ns, "rayservices", name)
-    st = obj.get("status") or {}
-    active = st.get("activeServiceStatus") or {}
-    pending = st.get("pendingServiceStatus") or {}
-    return {"cluster": active.get("rayClusterName"), "pending_cluster": pending.get("rayClusterName"),
-            "apps": {k: (v or {}).get("status") for k, v in (active.get("applicationStatuses") or {}).items()},
-            "service_ready": (condition(obj, "Ready") or {}).get("status"),
-            "last_update": st.get("lastUpdateTime")}
-
-
-def apps_running(sample: dict[str, Any]) -> bool:
-    return bool(sample["apps"]) and all(s == "RUNNING" for s in sample["apps"].values())
-
-
-def serve_endpoints(lab, ns: str, service: str) -> int:
-    ep = lab.core.read_namespaced_endpoints(service, ns)
-    return sum(len(s.addresses or []) for s in ep.subsets or [])
-
-
-def start_load(lab, ns: str, url: str, duration_s: float) -> str:
-    """A load-generator pod POSTing to ``url`` at LOAD_RATE for ``duration_s``;
-    its log has one RAYPROOF_EVENT line per second of load."""
-    lab.core.create_namespaced_config_map(ns, {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": LOADGEN_CONFIGMAP, "labels": dict(lab.labels)},
-        "data": {"load_gen.py": LOAD_GEN.read_text()}})
-    name = lab.name("load")
-    argv = ["python", f"{LOADGEN_MOUNT}/load_gen.py", "--target", url, "--rate", str(LOAD_RATE),
-            "--duration", str(int(duration_s)), "--timeout", str(REQUEST_TIMEOUT_S), "--concurrency", "16"]
-    lab.create_pod(ns, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(lab.labels)},
-        "spec": {"restartPolicy": "Never", "volumes": [{"name": "loadgen", "configMap": {"name": LOADGEN_CONFIGMAP}}],
-                 "containers": [{
-                     "name": "load", "image": lab.profile.ray_image, "command": argv,
-                     "env": [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
-                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
-                     "volumeMounts": [{"name": "loadgen", "mountPath": LOADGEN_MOUNT, "readOnly": True}]}]}})
-    return name
-
-
-def load_seconds(lab, ns: str, pod: str) -> list[dict[str, Any]]:
-    log = lab.core.read_namespaced_pod_log(pod, ns)
-    return [e for e in parse_events(log) if e["event"] == "second"]
-
-
-def load_window(seconds: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
-    """Requests started in [start, end): counts, availability, the worst second's p99."""
-    picked = [s for s in seconds if s["window_start"] + 1 > start and s["window_start"] < end]
-    ok = sum(s["ok"] for s in picked)
-    failed = sum(s["fail"] for s in picked)
-    p99 = [s["p99_ms"] for s in picked if s.get("p99_ms") is not None]
-    failing = [s["second"] for s in picked if s["fail"]]
-    return {"seconds": len(picked), "sent": ok + failed, "ok": ok, "failed": failed,
-            "availability": round(ok / (ok + failed), 4) if ok + failed else None,
-            "worst_second_p99_ms": max(p99) if p99 else None,
-            "median_second_p99_ms": sorted(p99)[len(p99) // 2] if p99 else None,
-            "failing_seconds": failing[:40]}
-
-
-@contextlib.contextmanager
-def deleted_first(lab, ns: str, plural: str, name: str):
-    """Deletes the Ray object at the end while its namespace (and its Redis)
-    still exist, so KubeRay's GCS-FT Redis cleanup Job can run before the
-    namespace goes (a terminating namespace admits no new Job, and the
-    RayCluster's cleanup finalizer would then hold the namespace forever).
-
-    A RayService is deleted orphaning its RayClusters, which are then deleted
-    on their own: deleted with it, the RayService disappears first and Kueue's
-    Job webhook refuses the cleanup Job (it cannot find the Job's owner's
-    owner); deleted in the foreground, KubeRay still reconciles the dying
-    RayService and creates a fresh pending RayCluster (measured, KubeRay
-    v1.5.0)."""
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            lab.custom.delete_namespaced_custom_object("ray.io", "v1", ns, plural, name,
-                                                       propagation_policy="Orphan" if plural == "rayservices" else None)
-        with contextlib.suppress(WaitTimeout):
-            wait_for(lambda: [o["metadata"]["name"] for o in lab.custom.list_namespaced_custom_object(
-                "ray.io", "v1", ns, plural)["items"] if o["metadata"]["name"] == name],
-                lambda left: not left, timeout=timeouts.OBJECT_DELETE, description=f"{plural} {ns}/{name} to be deleted")
-        for cluster in lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]:
-            with contextlib.suppress(Exception):
-                lab.custom.delete_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster["metadata"]["name"])
-        with contextlib.suppress(WaitTimeout):
-            wait_for(lambda: lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"],
-                     lambda items: not items, timeout=timeouts.OBJECT_DELETE,
-                     description=f"the RayClusters of {ns} (and their Redis cleanup) to be deleted")
 
 
 def oom_figures(timeline: Timeline, before: dict[str, Any], submitted_at: float) -> dict[str, Any]:
@@ -634,7 +516,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
             a_heads, b_heads = (set(tenancy[t]["head_ips"]) for t in ("team_a", "team_b"))
             assert b_heads and not a_heads & b_heads, (
                 f"team B's job does not run on a Ray head of its own, apart from team A's: {tenancy}")
-        b_before = pod_restarts(lab, ns_b)
+        b_before = lab.pod_restarts(ns_b)
         before = head_sample(lab, ns_a, cluster_a)
         evidence.record("team_b_pods_before", b_before)
         evidence.record("head_before", before)
@@ -674,7 +556,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
         rerun = [t for t in ticks_of(lab, ns_a, victim) if t["i"] == 0 and t["ts"] >= submitted_at]
         rerun_after_s = evidence.record("victim_rerun_from_start_after_s",
                                         round(rerun[0]["ts"] - submitted_at, 1) if rerun else None)
-        b_after = pod_restarts(lab, ns_b)
+        b_after = lab.pod_restarts(ns_b)
         figures = oom_figures(timeline, before, submitted_at)
         settled_at = timeline.first(lambda s: settled(s["victim"]), after=submitted_at)
         figures["inject_to_victim_settled_s"] = round(settled_at["t"] - submitted_at, 1) if settled_at else None
@@ -691,7 +573,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                                                       for s in timeline.samples if "team_b" in s}))
         evidence.record("team_b_pods_after", b_after)
         evidence.record("team_b_progress", {"start": submitted_at, "end": window_end, **b_progress})
-        evidence.record("team_a_pods_after", pod_restarts(lab, ns_a))
+        evidence.record("team_a_pods_after", lab.pod_restarts(ns_a))
         timeline_file = tmp_path / "timeline.yaml"
         timeline_file.write_text(yaml.safe_dump(timeline.samples, sort_keys=False))
         evidence.attach_file("head and RayJob timeline", timeline_file)

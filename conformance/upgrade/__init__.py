@@ -1,0 +1,1 @@
+"""Clause UPG-1: the KubeRay operator upgraded under running workloads."""

@@ -1,0 +1,152 @@
+"""The KubeRay operator upgraded under running workloads (UPG-1), as
+`certify --upgrade-to VERSION` asks between its two certifications."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVICE_UP, apps_running, deleted_first,
+                                 load_seconds, load_window, serve_config, serve_endpoints, service_sample, start_load)
+from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob
+from fixtures.plugin import NOT_APPLICABLE
+from rayproof import timeouts
+from rayproof.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+# The training runs far longer than any upgrade (it is judged, then deleted):
+# on an existing cluster a person upgrades the operator while it runs.
+STEPS, STEP_TIME_S = 100_000, 0.5
+STEPS_BEFORE = 3  # the steady state: the training is stepping
+STEPS_AFTER = 5  # steps the training must take under the new operator
+TAIL_S = 30.0  # load and training are watched this long past the new operator's readiness
+
+
+def ray_object(lab: Any, ns: str, plural: str, name: str) -> dict[str, Any]:
+    obj = lab.ray(ns, plural, name)
+    return {"uid": obj["metadata"]["uid"], "generation": obj["metadata"].get("generation"),
+            "status": {k: v for k, v in (obj.get("status") or {}).items()
+                       if k in ("jobStatus", "jobDeploymentStatus", "rayClusterName", "failed", "succeeded")}}
+
+
+def raycluster_uids(lab: Any, ns: str) -> dict[str, str]:
+    return {c["metadata"]["name"]: c["metadata"]["uid"]
+            for c in lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]}
+
+
+def step_numbers(log: DriverLog) -> list[int]:
+    return [int(e["step"]) for e in log.events("step")]
+
+
+@pytest.fixture
+def upgrade_to(request: pytest.FixtureRequest) -> str:
+    """Function scope; the KubeRay version `--upgrade-to` names, or the clause
+    is not applicable: asked before the lab, so a certification that upgrades
+    nothing holds no share of the cluster for it (nothing to clean up)."""
+    version = request.config.getoption("--upgrade-to")
+    if not version:
+        pytest.skip(f"{NOT_APPLICABLE} no KubeRay operator upgrade was requested (certify --upgrade-to VERSION)")
+    return version
+
+
+@pytest.mark.clause("UPG-1")
+@pytest.mark.cluster_gangs(2)  # the training's gang and the RayService's cluster
+def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, evidence) -> None:
+    """While the platform's KubeRay operator is upgraded to the version
+    `certify --upgrade-to` names (its CRDs, then the operator itself), a
+    RayService from the golden template under steady load MUST answer every
+    request, and a training RayJob MUST go on uninterrupted: the same
+    RayCluster and pods, no container restarted, every step run once and the
+    training stepping under the new operator; afterwards the operator MUST
+    run the new version. Not applicable to a certification that upgrades
+    nothing."""
+    version = upgrade_to
+    before_version = evidence.record("operator_before", target.describe()["versions"].get("kuberay"))
+    if before_version == version:
+        pytest.fail(f"the KubeRay operator already runs {version}: there is nothing to upgrade", pytrace=False)
+    ns_serve, ns_train = lab.namespace("a"), lab.namespace("b", gpus=gang_gpus(lab))
+    service_name, job_name = lab.name("upg1-serve"), lab.name("upg1-train")
+    with evidence.phase("steady state"):
+        lab.create_ray(ns_serve, "rayservices", lab.rayservice(ns_serve, service_name, serve_config(1), workers=1))
+    with deleted_first(lab, ns_serve, "rayservices", service_name):
+        with evidence.phase("steady state"):
+            up = wait_for(lambda: service_sample(lab, ns_serve, service_name), lambda s: s["cluster"] and apps_running(s),
+                          timeout=SERVICE_UP, interval=2, description=f"RayService {ns_serve}/{service_name} apps RUNNING")
+            serve_svc = f"{service_name}-serve-svc"
+            wait_for(lambda: serve_endpoints(lab, ns_serve, serve_svc), timeout=timeouts.SERVE_APP,
+                     description=f"Service {ns_serve}/{serve_svc} to have a ready endpoint")
+            url = f"http://{serve_svc}.{ns_serve}.svc.cluster.local:{SERVE_PORT}/"
+            load_pod = start_load(lab, ns_serve, url, timeouts.OPERATOR_UPGRADE.seconds + timeouts.TRAINING_RUN.seconds)
+            lab.create_ray(ns_train, "rayjobs", training_rayjob(lab, ns_train, job_name, steps=STEPS,
+                                                                step_time_s=STEP_TIME_S))
+            log = DriverLog(lab, ns_train, job_name)
+            wait_for(lambda: (log.refresh(), step_numbers(log))[1], lambda steps: len(steps) >= STEPS_BEFORE,
+                     timeout=timeouts.TRAINING_RUN, interval=2,
+                     description=f"the training RayJob {ns_train}/{job_name} to take {STEPS_BEFORE} steps")
+            wait_for(lambda: load_seconds(lab, ns_serve, load_pod), lambda secs: sum(s["ok"] for s in secs) >= 20,
+                     timeout=timeouts.POD_START, interval=2,
+                     description=f"the load generator {load_pod} to see 20 answers from {url}")
+        before = {"rayservice": ray_object(lab, ns_serve, "rayservices", service_name),
+                  "rayjob": ray_object(lab, ns_train, "rayjobs", job_name),
+                  "rayclusters": {**raycluster_uids(lab, ns_serve), **raycluster_uids(lab, ns_train)},
+                  "pods": {**lab.pod_restarts(ns_serve), **lab.pod_restarts(ns_train)},
+                  "serving_cluster": up["cluster"]}
+        evidence.record("before", before)
+        with evidence.phase("upgrade"):
+            began = time.time()
+            steps_at_start = len(step_numbers(log))
+            upgrade = evidence.record("upgrade", target.upgrade_kuberay(
+                version, progress=lambda m: print(f"rayproof: {m}", flush=True)))
+            ready_at = upgrade["operator_ready_at"]
+        with evidence.phase("tail"):
+            window_end = ready_at + TAIL_S
+            wait_for(lambda: (log.refresh(), step_numbers(log))[1],
+                     lambda steps: len(steps) >= steps_at_start + STEPS_AFTER
+                     and log.events("step")[-1].get("ts", 0) >= window_end,
+                     timeout=timeouts.TRAINING_RUN, interval=2,
+                     description=f"the training to take {STEPS_AFTER} steps under the KubeRay operator {version}, "
+                                 f"the last {TAIL_S:g} s after it was ready")
+            seconds = wait_for(lambda: load_seconds(lab, ns_serve, load_pod),
+                               lambda secs: bool(secs) and secs[-1]["window_start"] >= window_end + REQUEST_TIMEOUT_S,
+                               timeout=timeouts.CONTAINER_TRANSITION, interval=2,
+                               description="the load generator's log to cover the upgrade and its tail")
+        after = {"rayservice": ray_object(lab, ns_serve, "rayservices", service_name),
+                 "rayjob": ray_object(lab, ns_train, "rayjobs", job_name),
+                 "rayclusters": {**raycluster_uids(lab, ns_serve), **raycluster_uids(lab, ns_train)},
+                 "pods": {**lab.pod_restarts(ns_serve), **lab.pod_restarts(ns_train)},
+                 "serving": service_sample(lab, ns_serve, service_name)}
+        evidence.record("after", after)
+        operator_after = evidence.record("operator_after", target.describe()["versions"].get("kuberay"))
+
+    window = evidence.record("availability_during_upgrade", load_window(seconds, began, window_end))
+    steps = step_numbers(log)
+    starts = log.events("worker_group_started")
+    evidence.record("figures", {
+        "upgrade_s": round(ready_at - began, 1),
+        "operator_down_s": round(ready_at - upgrade["operator_stopped_at"], 1) if "operator_stopped_at" in upgrade else None,
+        "requests_during_upgrade": window["sent"], "failed_requests": window["failed"],
+        "steps_before_upgrade": steps_at_start, "steps_total": len(steps), "worker_group_starts": len(starts),
+    })
+    assert operator_after == version, f"after the upgrade the KubeRay operator runs {operator_after}, not {version}"
+    assert window["sent"] >= LOAD_RATE * (window_end - began) * 0.5, (
+        f"the load generator sent only {window['sent']} requests in the {window_end - began:.0f} s of the upgrade "
+        f"(expected about {LOAD_RATE:g}/s): the measurement does not cover it")
+    assert window["failed"] == 0, (
+        f"the RayService failed {window['failed']} of {window['sent']} requests while the KubeRay operator was "
+        f"upgraded {before_version} -> {version} (failing seconds {window['failing_seconds']})")
+    replaced = {name: uid for name, uid in before["rayclusters"].items() if after["rayclusters"].get(name) != uid}
+    assert not replaced and after["rayjob"]["uid"] == before["rayjob"]["uid"], (
+        f"the upgrade replaced Ray objects of the running workloads: RayClusters {sorted(replaced)}; RayJob "
+        f"uid {before['rayjob']['uid']} -> {after['rayjob']['uid']}")
+    changed = {n: (p, after["pods"].get(n)) for n, p in before["pods"].items() if n in after["pods"]
+               and (p["uid"], p["restarts"]) != (after["pods"][n]["uid"], after["pods"][n]["restarts"])}
+    gone = sorted(n for n, p in before["pods"].items() if n not in after["pods"] and p["phase"] == "Running")
+    assert not changed and not gone, (
+        f"pods of the running workloads were restarted {changed} or removed {gone} by the operator upgrade")
+    assert len(starts) == 1 and steps == list(range(steps[0], steps[0] + len(steps))), (
+        f"the training did not go on uninterrupted: its worker group started {len(starts)} times, steps "
+        f"{steps[:3]}...{steps[-3:]} ({len(steps)} step events)")
+    assert after["rayjob"]["status"].get("jobStatus") == "RUNNING", (
+        f"the training RayJob is no longer running under the upgraded operator: {after['rayjob']['status']}")
