@@ -72,8 +72,8 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
         lab.create_ray(ns_serve, "rayservices", lab.rayservice(ns_serve, service_name, serve_config(1), workers=1))
     with deleted_first(lab, ns_serve, "rayservices", service_name):
         with evidence.phase("steady state"):
-            up = wait_for(lambda: service_sample(lab, ns_serve, service_name), lambda s: s["cluster"] and apps_running(s),
-                          timeout=SERVICE_UP, interval=2, description=f"RayService {ns_serve}/{service_name} apps RUNNING")
+            wait_for(lambda: service_sample(lab, ns_serve, service_name), lambda s: s["cluster"] and apps_running(s),
+                     timeout=SERVICE_UP, interval=2, description=f"RayService {ns_serve}/{service_name} apps RUNNING")
             serve_svc = f"{service_name}-serve-svc"
             wait_for(lambda: serve_endpoints(lab, ns_serve, serve_svc), timeout=timeouts.SERVE_APP,
                      description=f"Service {ns_serve}/{serve_svc} to have a ready endpoint")
@@ -89,10 +89,9 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
                      timeout=timeouts.POD_START, interval=2,
                      description=f"the load generator {load_pod} to see 20 answers from {url}")
         before = {"rayservice": ray_object(lab, ns_serve, "rayservices", service_name),
+                  "serving_rayclusters": raycluster_uids(lab, ns_serve), "serving_pods": lab.pod_restarts(ns_serve),
                   "rayjob": ray_object(lab, ns_train, "rayjobs", job_name),
-                  "rayclusters": {**raycluster_uids(lab, ns_serve), **raycluster_uids(lab, ns_train)},
-                  "pods": {**lab.pod_restarts(ns_serve), **lab.pod_restarts(ns_train)},
-                  "serving_cluster": up["cluster"]}
+                  "rayclusters": raycluster_uids(lab, ns_train), "pods": lab.pod_restarts(ns_train)}
         evidence.record("before", before)
         with evidence.phase("upgrade"):
             began = time.time()
@@ -113,10 +112,10 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
                                timeout=timeouts.CONTAINER_TRANSITION, interval=2,
                                description="the load generator's log to cover the upgrade and its tail")
         after = {"rayservice": ray_object(lab, ns_serve, "rayservices", service_name),
+                 "serving_rayclusters": raycluster_uids(lab, ns_serve), "serving_pods": lab.pod_restarts(ns_serve),
+                 "serving": service_sample(lab, ns_serve, service_name),
                  "rayjob": ray_object(lab, ns_train, "rayjobs", job_name),
-                 "rayclusters": {**raycluster_uids(lab, ns_serve), **raycluster_uids(lab, ns_train)},
-                 "pods": {**lab.pod_restarts(ns_serve), **lab.pod_restarts(ns_train)},
-                 "serving": service_sample(lab, ns_serve, service_name)}
+                 "rayclusters": raycluster_uids(lab, ns_train), "pods": lab.pod_restarts(ns_train)}
         evidence.record("after", after)
         operator_after = evidence.record("operator_after", target.describe()["versions"].get("kuberay"))
 
@@ -128,6 +127,9 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
         "operator_down_s": round(ready_at - upgrade["operator_stopped_at"], 1) if "operator_stopped_at" in upgrade else None,
         "requests_during_upgrade": window["sent"], "failed_requests": window["failed"],
         "steps_before_upgrade": steps_at_start, "steps_total": len(steps), "worker_group_starts": len(starts),
+        # Evidence, not judged: a new operator may roll a RayService onto a new
+        # cluster (zero-downtime upgrade); the requests above are what count.
+        "serving_cluster_replaced": after["serving_rayclusters"] != before["serving_rayclusters"],
     })
     assert operator_after == version, f"after the upgrade the KubeRay operator runs {operator_after}, not {version}"
     assert window["sent"] >= LOAD_RATE * (window_end - began) * 0.5, (
@@ -138,13 +140,13 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
         f"upgraded {before_version} -> {version} (failing seconds {window['failing_seconds']})")
     replaced = {name: uid for name, uid in before["rayclusters"].items() if after["rayclusters"].get(name) != uid}
     assert not replaced and after["rayjob"]["uid"] == before["rayjob"]["uid"], (
-        f"the upgrade replaced Ray objects of the running workloads: RayClusters {sorted(replaced)}; RayJob "
+        f"the upgrade replaced Ray objects of the running training: RayClusters {sorted(replaced)}; RayJob "
         f"uid {before['rayjob']['uid']} -> {after['rayjob']['uid']}")
     changed = {n: (p, after["pods"].get(n)) for n, p in before["pods"].items() if n in after["pods"]
                and (p["uid"], p["restarts"]) != (after["pods"][n]["uid"], after["pods"][n]["restarts"])}
     gone = sorted(n for n, p in before["pods"].items() if n not in after["pods"] and p["phase"] == "Running")
     assert not changed and not gone, (
-        f"pods of the running workloads were restarted {changed} or removed {gone} by the operator upgrade")
+        f"pods of the running training were restarted {changed} or removed {gone} by the operator upgrade")
     assert len(starts) == 1 and steps == list(range(steps[0], steps[0] + len(steps))), (
         f"the training did not go on uninterrupted: its worker group started {len(starts)} times, steps "
         f"{steps[:3]}...{steps[-3:]} ({len(steps)} step events)")
