@@ -101,6 +101,14 @@ def load_window(seconds: list[dict[str, Any]], start: float, end: float) -> dict
             "failing_seconds": failing[:40]}
 
 
+def per_second(seconds: list[dict[str, Any]], origin: float, end: float, lead_s: float = 10.0) -> list[list[Any]]:
+    """Each second of load from ``lead_s`` before ``origin`` until ``end``:
+    [seconds from the origin, availability, p99 latency in ms], for a timeline."""
+    return [[round(s["window_start"] - origin, 1),
+             round(s["ok"] / (s["ok"] + s["fail"]), 4) if s["ok"] + s["fail"] else None, s.get("p99_ms")]
+            for s in seconds if origin - lead_s <= s["window_start"] < end]
+
+
 @contextlib.contextmanager
 def deleted_first(lab, ns: str, plural: str, name: str):
     """Deletes the Ray object at the end while its namespace (and its Redis)

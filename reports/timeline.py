@@ -5,7 +5,10 @@ the same numbers), in seconds from the moment the clause counts from: the
 fault's injection (GCS-1), the worker's preemption (TRN-1), the gang's
 admission (ADM-4), the process group forming (NET-1). Phases with a measured
 availability (GCS-1's load generator) are drawn as bars under the marks, and
-the platform's promised bound as a dashed line. A clause whose evidence lacks
+the platform's promised bound as a dashed line. The series the clause
+recorded behind its figures are drawn against a second axis: GCS-1's
+availability each second, TRN-1's steps and checkpoints, ADM-4's gang pods
+and reserved GPUs each second. A clause whose evidence lacks
 the figures (it failed before measuring them) has no timeline.
 """
 from __future__ import annotations
@@ -25,6 +28,10 @@ class Timeline:
     marks: list[tuple[str, float]]  # (what happened, seconds from the origin), each a recorded figure
     phases: list[tuple[str, float, float, float]] = field(default_factory=list)  # (name, start, end, availability)
     bound: tuple[str, float] | None = None  # the platform's promise, from the same origin
+    # Measured series behind the marks, drawn against a second axis in ``unit``:
+    # (name, [(seconds from the origin, value)]).
+    series: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
+    unit: str = ""
 
 
 def _get(evidence: dict[str, Any], dotted: str) -> Any:
@@ -41,6 +48,15 @@ def _marks(evidence: dict[str, Any], named: list[tuple[str, str]]) -> list[tuple
             if isinstance(_get(evidence, key), (int, float))]
 
 
+def _series(evidence: dict[str, Any], key: str, column: int) -> list[tuple[float, float]]:
+    """Column ``column`` of a recorded series (rows of [seconds, value, ...]), without missing values."""
+    rows = evidence.get(key)
+    if not isinstance(rows, list):
+        return []
+    return [(float(r[0]), float(r[column])) for r in rows
+            if isinstance(r, list) and len(r) > column and all(isinstance(r[i], (int, float)) for i in (0, column))]
+
+
 def _gcs1(evidence: dict[str, Any]) -> Timeline:
     marks = _marks(evidence, [("head OOM-killed", "figures.inject_to_oom_s"),
                               ("Ray nodes back", "figures.inject_to_nodes_back_s"),
@@ -52,7 +68,9 @@ def _gcs1(evidence: dict[str, Any]) -> Timeline:
         if isinstance(phase.get("seconds"), (int, float)) and isinstance(phase.get("availability"), (int, float)):
             phases.append((name.replace("_", " "), start, start + phase["seconds"], phase["availability"]))
             start += phase["seconds"]
-    return Timeline("GCS-1", "head-pressure job submitted", marks, phases)
+    return Timeline("GCS-1", "head-pressure job submitted", marks, phases,
+                    series=[("availability, each second", _series(evidence, "availability_per_second", 1))],
+                    unit="availability")
 
 
 def _trn1(evidence: dict[str, Any]) -> Timeline:
@@ -60,7 +78,10 @@ def _trn1(evidence: dict[str, Any]) -> Timeline:
     return Timeline("TRN-1", "worker pod deleted mid-all-reduce",
                     _marks(evidence, [("worker group restarted", "kill_to_worker_group_restart_s"),
                                       ("training past its last step", "kill_to_progress_s")]),
-                    bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None)
+                    bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None,
+                    series=[("training step", _series(evidence, "steps_since_kill", 1)),
+                            ("checkpoint saved", _series(evidence, "checkpoints_since_kill", 1))],
+                    unit="step")
 
 
 def _adm4(evidence: dict[str, Any]) -> Timeline:
@@ -73,7 +94,11 @@ def _adm4(evidence: dict[str, Any]) -> Timeline:
         marks.append(("requeued", float(evicted + requeued)))
     bound = evidence.get("bound_s")
     return Timeline("ADM-4", "gang admitted", marks,
-                    bound=("waitForPodsReady + slack", float(bound)) if isinstance(bound, (int, float)) else None)
+                    bound=("waitForPodsReady + slack", float(bound)) if isinstance(bound, (int, float)) else None,
+                    series=[("gang pods holding resources", _series(evidence, "gang_per_second", 1)),
+                            ("gang pods being released", _series(evidence, "gang_per_second", 2)),
+                            ("GPUs reserved", _series(evidence, "gang_per_second", 3))],
+                    unit="pods / GPUs")
 
 
 def _net1(evidence: dict[str, Any]) -> Timeline:
@@ -104,12 +129,14 @@ def png(timeline: Timeline) -> bytes:
     from matplotlib import pyplot as plt
 
     ends = [s for _, s in timeline.marks] + [end for _, _, end, _ in timeline.phases]
+    ends += [t for _, points in timeline.series for t, _ in points]
     if timeline.bound:
         ends.append(timeline.bound[1])
     span = max([*ends, 1.0]) * 1.08
-    fig, ax = plt.subplots(figsize=(9, 2.6), dpi=100)
+    start = min([0.0, *(t for _, points in timeline.series for t, _ in points)])
+    fig, ax = plt.subplots(figsize=(9, 3.2 if timeline.series else 2.6), dpi=100)
     try:
-        ax.set_xlim(-span * 0.02, span)
+        ax.set_xlim(start - span * 0.02, span)
         ax.set_ylim(0, 1.25)
         ax.set_yticks([])
         ax.set_xlabel(f"seconds since {timeline.origin}")
@@ -126,6 +153,17 @@ def png(timeline: Timeline) -> bytes:
             label, seconds = timeline.bound
             ax.axvline(seconds, color="tab:red", linestyle="--", linewidth=1)
             ax.text(seconds, 1.2, f"{label} {seconds:g} s ", color="tab:red", fontsize=7, ha="right", va="top")
+        drawn = [(name, points) for name, points in timeline.series if points]
+        if drawn:
+            values = ax.twinx()
+            values.set_ylabel(timeline.unit, fontsize=8)
+            values.tick_params(labelsize=7)
+            for (name, points), colour in zip(drawn, ("tab:green", "tab:orange", "tab:purple")):
+                values.step([t for t, _ in points], [v for _, v in points], where="post", color=colour,
+                            linewidth=1, alpha=0.8, label=name)
+            top = max([v for _, points in drawn for _, v in points] + [1.0])
+            values.set_ylim(min([v for _, points in drawn for _, v in points] + [0.0]) - 0.05 * top, top * 1.3)
+            values.legend(loc="upper left", fontsize=7, frameon=False)
         fig.tight_layout()
         out = io.BytesIO()
         fig.savefig(out, format="png", metadata={"Software": None})

@@ -4,6 +4,7 @@ and a fault clause's timeline are on the page as rendered, and the
 timeline's marks are the figures of the clause's evidence."""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -82,6 +83,30 @@ def test_timelines_are_for_fault_clauses_with_their_figures_measured():
                           ("quota released", 140.9), ("requeued", 131.9)]
     assert adm4.bound == ("waitForPodsReady + slack", 180.0)
     assert timeline.png(adm4).startswith(b"\x89PNG")
+
+
+SERIES_GREEN = (0x2C, 0xA0, 0x2C)  # matplotlib's tab:green, the first series
+
+
+def test_a_timeline_draws_the_series_behind_its_figures():
+    """GCS-1's availability each second, TRN-1's steps and checkpoints and
+    ADM-4's gang each second are drawn on a second axis; rows with a missing
+    value (a second without requests) are left out, not drawn as zero."""
+    seconds = [[t, 1.0 if t < 17 or t > 30 else 0.5, 12.0] for t in range(-10, 56)] + [[56, None, None]]
+    gcs1 = timeline.of({"id": "GCS-1", "evidence": {**GCS1_EVIDENCE, "availability_per_second": seconds}})
+    assert gcs1.series[0][0] == "availability, each second" and len(gcs1.series[0][1]) == 66
+    assert gcs1.series[0][1][0] == (-10.0, 1.0) and (20.0, 0.5) in gcs1.series[0][1]
+    bare = timeline.of({"id": "GCS-1", "evidence": GCS1_EVIDENCE})
+    drawn, undrawn = (Image.open(io.BytesIO(timeline.png(t))).convert("RGB") for t in (gcs1, bare))
+    assert _pixels(drawn, SERIES_GREEN, 24) > 100 and _pixels(undrawn, SERIES_GREEN, 24) == 0
+    trn1 = timeline.of({"id": "TRN-1", "evidence": {"kill_to_worker_group_restart_s": 41.0,
+                                                    "steps_since_kill": [[-3.0, 11], [-1.0, 12], [44.0, 11]],
+                                                    "checkpoints_since_kill": [[-2.0, 10]]}})
+    assert dict(trn1.series) == {"training step": [(-3.0, 11.0), (-1.0, 12.0), (44.0, 11.0)],
+                                 "checkpoint saved": [(-2.0, 10.0)]}
+    adm4 = timeline.of({"id": "ADM-4", "evidence": {"figures": {"evicted_after_admission_s": 240.0},
+                                                    "gang_per_second": [[0.0, 3, 0, 2], [241.0, 0, 3, 0]]}})
+    assert dict(adm4.series)["GPUs reserved"] == [(0.0, 2.0), (241.0, 0.0)]
 
 
 def test_allure_results_get_each_fault_clauses_timeline(tmp_path):

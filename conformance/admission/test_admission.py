@@ -246,6 +246,10 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         "max_submitter_pods": max((s["jobs"][name]["submitter"] for s in samples if name in s["jobs"]), default=0),
         "released_sample": released and {"t": released["t"], "cq": released["cq"]},
     })
+    if admitted_t is not None:  # the timeline's series: the gang's pods and quota, second by second
+        evidence.record("gang_per_second", [[round(s["t"] - admitted_t, 1), s["jobs"][name]["pods"],
+                                             s["jobs"][name]["releasing"], s["jobs"][name]["reserved_gpus"]]
+                                            for s in samples if name in s["jobs"]])
     if figures["quota_released_after_admission_s"] is not None:
         record_idle_cost(lab.profile, evidence, gang * figures["quota_released_after_admission_s"],
                          "a gang that never gets Ready holding its quota from admission until its eviction released it")

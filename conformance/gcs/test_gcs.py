@@ -14,7 +14,8 @@ import yaml
 
 from chaos import runner
 from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVICE_UP, apps_running, deleted_first,
-                                 load_seconds, load_window, serve_config, serve_endpoints, service_sample, start_load)
+                                 load_seconds, load_window, per_second, serve_config, serve_endpoints, service_sample,
+                                 start_load)
 from fixtures import golden, manifests as mf
 from fixtures.events import parse_events
 from fixtures.kube import pod_ready
@@ -369,6 +370,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
                                                                          for k, v in recovered.items()}})
         window = load_window(seconds, submitted_at, window_end)
         evidence.record("availability_window", {"start": submitted_at, "end": window_end, **window})
+        evidence.record("availability_per_second", per_second(seconds, submitted_at, window_end))
         oom_at = figures["oom_at"] or submitted_at
         recovered_at = window_end - TAIL_S
         evidence.record("availability_by_phase", {

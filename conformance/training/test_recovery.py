@@ -69,6 +69,10 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     evidence.record("latest_checkpoint_before_kill", max(saved_before) if saved_before else None)
     evidence.record("restored_step", restored[0]["step"] if restored else None)
     evidence.record("checkpoint_interval", every)
+    # The timeline's series: each step and checkpoint, in seconds from the deletion.
+    evidence.record("steps_since_kill", [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]] for e in steps])
+    evidence.record("checkpoints_since_kill", [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]]
+                                               for e in log.events("checkpoint_saved")])
     in_flight = evidence.record("collectives_in_flight_at_deletion",
                                 collectives_in_flight(log.events(), deleted["deleted_at"]))
     assert in_flight, (
