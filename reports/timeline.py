@@ -160,7 +160,7 @@ def png(timeline: Timeline) -> bytes:
             values.tick_params(labelsize=7)
             for (name, points), colour in zip(drawn, ("tab:green", "tab:orange", "tab:purple")):
                 values.step([t for t, _ in points], [v for _, v in points], where="post", color=colour,
-                            linewidth=1, alpha=0.8, label=name)
+                            linewidth=1.5, label=name)
             top = max([v for _, points in drawn for _, v in points] + [1.0])
             values.set_ylim(min([v for _, points in drawn for _, v in points] + [0.0]) - 0.05 * top, top * 1.3)
             values.legend(loc="upper left", fontsize=7, frameon=False)
