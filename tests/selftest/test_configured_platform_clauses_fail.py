@@ -20,8 +20,8 @@ another of the platform's storage classes, a node-local one.
 None of these changes needs a platform of its own, yet they run on one (with
 the default settings): SEC-1, which judges every Service of the cluster, would
 see on the session's platform the NodePort its self-test exposes on purpose.
-Each nested run holds one of the machine's host slots, as every clause here
-does (fixtures/sharing.py): beside the clauses on the session's platform on
+Each lane holds one of the machine's host slots while it uses the platform,
+and its nested runs inherit it (fixtures/sharing.py): beside the clauses on the session's platform on
 two cores they once made it slow enough that Kueue evicted the gangs of
 other clauses by waitForPodsReady (measured: TRN-1's gang evicted four times
 in ten minutes, its head's container started 74 s after it was scheduled).
