@@ -66,7 +66,8 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
     before_version = evidence.record("operator_before", target.describe()["versions"].get("kuberay"))
     if before_version == version:
         pytest.fail(f"the KubeRay operator already runs {version}: there is nothing to upgrade", pytrace=False)
-    ns_serve, ns_train = lab.namespace("a"), lab.namespace("b", gpus=gang_gpus(lab))
+    # The tenant's first namespace asks for its quota: the training's gang.
+    ns_train, ns_serve = lab.namespace("a", gpus=gang_gpus(lab)), lab.namespace("b")
     service_name, job_name = lab.name("upg1-serve"), lab.name("upg1-train")
     with evidence.phase("steady state"):
         lab.create_ray(ns_serve, "rayservices", lab.rayservice(ns_serve, service_name, serve_config(1), workers=1))
