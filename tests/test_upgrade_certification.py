@@ -22,6 +22,7 @@ class FakeTarget:
     def __init__(self) -> None:
         self.version = "v1.5.0"
         self.prepared: list[str] = []
+        self.argvs: list[list[str]] = []
         self.closed = False
 
     def describe(self) -> dict[str, Any]:
@@ -38,6 +39,7 @@ class FakeTarget:
 def fake_pytest(target: FakeTarget, upgrade_outcome: str, failing_after: str | None = None):
     """A pytest run writing the results a certification (or the UPG-1 run) would."""
     def run(args: list[str]) -> int:
+        target.argvs.append(args)
         results = Path(next(a for a in args if a.startswith("--rayproof-results=")).split("=", 1)[1])
         upgrading = "--upgrade-to" in args
         rows = []
@@ -75,12 +77,16 @@ def upgrade_run(monkeypatch, tmp_path):
         out = tmp_path / "out"
         return cli.main(["certify", "--upgrade-to", "v1.6.0", "--out", str(out)]), out
     run.target = target  # type: ignore[attr-defined]
+    run.argvs = target.argvs  # type: ignore[attr-defined]
     return run
 
 
 def test_an_upgrade_certification_certifies_upgrades_under_load_certifies_again_and_compares(upgrade_run) -> None:
     rc, out = upgrade_run()
     assert rc == cli.CERTIFIED_EXIT
+    upgrade_argv = upgrade_run.argvs[1]
+    assert upgrade_argv[-7:] == ["-n", "1", "-s", "-k", "UPG-1", "--upgrade-to", "v1.6.0"], (
+        "the upgrade runs alone, its output uncaptured, where a person is told when to upgrade")
     assert upgrade_run.target.prepared == ["v1.6.0"] and upgrade_run.target.closed
     for phase in ("before", "upgrade", "after"):
         assert (out / phase / "certification.json").is_file(), phase

@@ -2,6 +2,7 @@
 `certify --upgrade-to VERSION` asks between its two certifications."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -98,7 +99,7 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
             began = time.time()
             steps_at_start = len(step_numbers(log))
             upgrade = evidence.record("upgrade", target.upgrade_kuberay(
-                version, progress=lambda m: print(f"rayproof: {m}", flush=True)))
+                version, progress=lambda m: print(f"rayproof: {m}", file=sys.stderr, flush=True)))
             ready_at = upgrade["operator_ready_at"]
         with evidence.phase("tail"):
             window_end = ready_at + TAIL_S
