@@ -479,19 +479,20 @@ class EmbeddedPlatform:
 
     # -- observation ---------------------------------------------------------
 
-    def upgrade_kuberay(self, version: str) -> dict[str, Any]:
+    def upgrade_kuberay(self, version: str, progress: Progress | None = None) -> dict[str, Any]:
         """Upgrade this running platform's KubeRay operator to ``version`` (one
         of ``build.kuberay_upgrade_versions()``, built once from its Go
         module): its CRDs applied in place, then the operator restarted on the
         new binary. The platform stays upgraded until it comes down; its state
         and ``status`` name the running version. Returns when each step ended."""
-        built = build.ensure_kuberay_built(version, self.progress)
+        progress = progress or self.progress
+        built = build.ensure_kuberay_built(version, progress)
         with self._locked():
             st = self.state.read()
             if st.get("phase") != "running":
                 raise RuntimeError(f"platform {self.name} is not running (phase {st.get('phase')!r}); nothing upgraded")
             before = (st.get("versions") or {}).get("kuberay")
-            self.progress(f"platform {self.name}: upgrading the KubeRay operator {before} -> {version}")
+            progress(f"platform {self.name}: upgrading the KubeRay operator {before} -> {version}")
             binaries = self.binaries()
             at = Addons(self.control_plane(), binaries).upgrade_kuberay(built["kuberay-operator"], built["crds"])
             self.state.update(versions={**(st.get("versions") or {}), "kuberay": version},

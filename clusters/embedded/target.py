@@ -83,8 +83,7 @@ class EmbeddedTarget:
 
     def upgrade_kuberay(self, version: str, progress: Progress = lambda m: None) -> dict[str, Any]:
         """Upgrade the platform's KubeRay operator to ``version`` in place (CRDs, then the operator)."""
-        self.platform.progress = progress
-        return self.platform.upgrade_kuberay(version)
+        return self.platform.upgrade_kuberay(version, progress)
 
     def close(self) -> None:
         self.platform.leave()

@@ -324,9 +324,3 @@ def condition_t(samples: list[dict[str, Any]], job: str, kind: str, status: str 
             return round(at if before is None else max(at, before), 1)
         before = s["t"]
     return None
-
-
-def wall_clock_step(samples: list[dict[str, Any]]) -> float:
-    """How far the wall clock moved against the monotonic one over the samples (0 when it did not)."""
-    offsets = [s["wall"] - s["t"] for s in samples]
-    return round(max(offsets) - min(offsets), 1) if offsets else 0.0

@@ -9,7 +9,7 @@ import pytest
 
 from chaos import runner, straggler
 from conformance.admission.sampling import (FINISHED, Sampler, compact, condition_at, condition_t, epoch, gang_of,
-                                            gang_violations, wall_clock_step)
+                                            gang_violations)
 from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
 from fixtures.events import parse_events
@@ -238,7 +238,6 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         "evicted_after_admission_s": since_admission(condition_t(samples, name, "Evicted", reason="PodsReadyTimeout")),
         "pods_gone_after_admission_s": since_admission(gone and gone["t"]),
         "quota_released_after_admission_s": since_admission(released and released["t"]),
-        "wall_clock_step_s": wall_clock_step(samples),
         "requeued_after_eviction_s": None if None in (requeued_at, evicted_at) else round(requeued_at - evicted_at, 1),
         "requeue_count": requeues, "evicted_pods": first_pods,
         "pull_states": sorted({w for s in samples if name in s["jobs"] for w in s["jobs"][name]["waiting"]}),

@@ -37,7 +37,10 @@ def raycluster_uids(lab: Any, ns: str) -> dict[str, str]:
             for c in lab.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]}
 
 
-def step_numbers(log: DriverLog) -> list[int]:
+def step_numbers(log: DriverLog, refresh: bool = False) -> list[int]:
+    """The training's step numbers so far (read afresh from its driver with ``refresh``)."""
+    if refresh:
+        log.refresh()
     return [int(e["step"]) for e in log.events("step")]
 
 
@@ -84,7 +87,7 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
             lab.create_ray(ns_train, "rayjobs", training_rayjob(lab, ns_train, job_name, steps=STEPS,
                                                                 step_time_s=STEP_TIME_S))
             log = DriverLog(lab, ns_train, job_name)
-            wait_for(lambda: (log.refresh(), step_numbers(log))[1], lambda steps: len(steps) >= STEPS_BEFORE,
+            wait_for(lambda: step_numbers(log, refresh=True), lambda steps: len(steps) >= STEPS_BEFORE,
                      timeout=timeouts.TRAINING_RUN, interval=2,
                      description=f"the training RayJob {ns_train}/{job_name} to take {STEPS_BEFORE} steps")
             wait_for(lambda: load_seconds(lab, ns_serve, load_pod), lambda secs: sum(s["ok"] for s in secs) >= 20,
@@ -103,7 +106,7 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
             ready_at = upgrade["operator_ready_at"]
         with evidence.phase("tail"):
             window_end = ready_at + TAIL_S
-            wait_for(lambda: (log.refresh(), step_numbers(log))[1],
+            wait_for(lambda: step_numbers(log, refresh=True),
                      lambda steps: len(steps) >= steps_at_start + STEPS_AFTER
                      and log.events("step")[-1].get("ts", 0) >= window_end,
                      timeout=timeouts.TRAINING_RUN, interval=2,
