@@ -17,6 +17,11 @@ from typing import Any, Callable, Protocol
 Progress = Callable[[str], None]
 
 
+class UpgradeFailed(RuntimeError):
+    """A platform's upgrade procedure did not complete; what it did before
+    it stopped stays done (UPG-1 judges that too)."""
+
+
 class Target(Protocol):
     """A cluster under certification."""
 
@@ -51,7 +56,8 @@ class Target(Protocol):
         (`certify --upgrade-to`): the embedded platform does it (CRDs in
         place, then the operator restarted on the new build); on an existing
         cluster the person running the suite does, and this waits until the
-        operator's Deployment runs it. Returns when each step ended."""
+        operator's Deployment runs it. Returns when each step ended; raises
+        UpgradeFailed when the procedure did not complete."""
 
     def close(self) -> None:
         """Leave the cluster as it was found (the embedded one is taken down

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clusters import UpgradeFailed
+
 # Where upstream installs put the operators, and the container whose image tag
 # is their version (KubeRay's Helm chart and Kueue's manifests/Helm chart).
 OPERATOR_DEPLOYMENTS = {
@@ -85,19 +87,25 @@ class ExistingCluster:
         person running it to, and waits until KubeRay's operator Deployment
         runs an image tagged ``version`` and has rolled out."""
         from rayproof import timeouts
-        from rayproof.waiting import wait_for
+        from rayproof.waiting import WaitTimeout, wait_for
 
         api = self.api_client()
         before = operator_versions(api)["kuberay"]
+        if before == version:
+            # Its Deployment already runs the tag: waiting for it would pass at once, with nothing upgraded.
+            raise RuntimeError(f"the KubeRay operator of this cluster already runs {version}: nothing to upgrade")
         progress(f"upgrade the KubeRay operator of this cluster from {before} to {version} now, as you would "
                  "(CRDs first, then the operator, e.g. `helm upgrade` of its chart); the suite's RayService and "
                  "RayJob keep running and are measured meanwhile. Waiting up to "
                  f"{timeouts.OPERATOR_UPGRADE.seconds / 60:g} min (RAYPROOF_TIMEOUT_OPERATOR_UPGRADE) for the "
                  f"operator Deployment to run {version}")
         started = time.time()
-        wait_for(lambda: kuberay_rollout(api), lambda seen: seen["tag"] == version and seen["rolled_out"],
-                 timeout=timeouts.OPERATOR_UPGRADE, interval=5,
-                 description=f"KubeRay's operator Deployment to run an image tagged {version}, rolled out")
+        try:
+            wait_for(lambda: kuberay_rollout(api), lambda seen: seen["tag"] == version and seen["rolled_out"],
+                     timeout=timeouts.OPERATOR_UPGRADE, interval=5,
+                     description=f"KubeRay's operator Deployment to run an image tagged {version}, rolled out")
+        except WaitTimeout as exc:
+            raise UpgradeFailed(str(exc)) from exc
         return {"from": before, "to": version, "asked_at": started, "operator_ready_at": time.time()}
 
     def close(self) -> None:

@@ -203,6 +203,10 @@ def _upgrade_certification(args: argparse.Namespace, profile: Any, target: Any, 
     from reports import compare
 
     began_with = target.describe()["versions"].get("kuberay")
+    if began_with == args.upgrade_to:
+        print(f"rayproof: --upgrade-to {args.upgrade_to}: the KubeRay operator already runs it; nothing to upgrade",
+              file=sys.stderr)
+        return BAD_INPUT_EXIT
     print(f"rayproof: upgrade certification: KubeRay {began_with} -> {args.upgrade_to}; reports go to {out}",
           flush=True)
     target.prepare_kuberay_upgrade(args.upgrade_to, progress=lambda m: print(f"rayproof: {m}", flush=True))
@@ -421,7 +425,11 @@ def cmd_ranges(args: argparse.Namespace) -> int:
     if len(certificates) < 2:
         print("rayproof: a range needs at least two runs of the same platform", file=sys.stderr)
         return BAD_INPUT_EXIT
-    ranges = compare.ranges_from(certificates, slack=compare.DEFAULT_SLACK if args.slack is None else args.slack)
+    try:
+        ranges = compare.ranges_from(certificates, slack=compare.DEFAULT_SLACK if args.slack is None else args.slack)
+    except compare.CertificateError as exc:
+        print(f"rayproof: {exc}", file=sys.stderr)
+        return BAD_INPUT_EXIT
     Path(args.out).write_text(yaml.safe_dump(ranges, sort_keys=True))
     figures = sum(len(f) for f in ranges["clauses"].values())
     print(f"rayproof: {args.out}: {figures} figures of {len(ranges['clauses'])} clauses from {len(certificates)} runs")

@@ -153,7 +153,13 @@ def _outside(span: dict[str, Any] | None, value: float, slack: float) -> str:
 
 def ranges_from(certificates: list[dict[str, Any]], slack: float = DEFAULT_SLACK) -> dict[str, Any]:
     """Per clause and figure, the lowest and highest value of the passed runs
-    of each clause (a failed run's figures say nothing of healthy noise)."""
+    of each clause (a failed run's figures say nothing of healthy noise), and
+    which runs they came from. Raises CertificateError for runs of platforms
+    at different versions (their spread would not be one platform's noise)."""
+    platforms = {str((c.get("platform") or {}).get("versions")) for c in certificates}
+    if len(platforms) > 1:
+        raise CertificateError("these certifications are of platforms at different versions "
+                               f"({'; '.join(sorted(platforms))}): a range is the noise of one platform")
     clauses: dict[str, dict[str, dict[str, Any]]] = {}
     for certificate in certificates:
         for clause in certificate["clauses"]:
@@ -163,7 +169,10 @@ def ranges_from(certificates: list[dict[str, Any]], slack: float = DEFAULT_SLACK
                 span = clauses.setdefault(clause["id"], {}).setdefault(name, {"min": value, "max": value, "runs": 0})
                 span["min"], span["max"] = min(span["min"], value), max(span["max"], value)
                 span["runs"] += 1
-    return {"runs": len(certificates), "slack": slack, "clauses": clauses}
+    sources = [{"verdict": c["verdict"], "started": c.get("started"), "wall_s": c.get("wall_s"),
+                **{k: (c.get("platform") or {}).get(k) for k in ("cluster", "versions", "nodes", "machine")}}
+               for c in certificates]
+    return {"runs": len(certificates), "slack": slack, "sources": sources, "clauses": clauses}
 
 
 def load_ranges(path: Path) -> dict[str, Any]:

@@ -50,6 +50,16 @@ def test_ranges_span_the_passed_runs(reference_ranges):
     assert ranges["clauses"]["GCS-1"]["figures.inject_to_head_ready_s"] == {"min": 29.5, "max": 34.0, "runs": 3}
 
 
+def test_ranges_of_platforms_at_different_versions_are_refused(tmp_path, capsys):
+    runs = []
+    for i, kuberay in enumerate(("v1.5.0", "v1.6.0")):
+        certificate = {**_certificate(31.0), "platform": {"versions": f"kubernetes v1.35.4, kuberay {kuberay}"}}
+        runs.append(_write(tmp_path, f"run{i}.json", certificate))
+    assert cli.main(["ranges", *map(str, runs), "--out", str(tmp_path / "ranges.yaml")]) == cli.BAD_INPUT_EXIT
+    assert "platforms at different versions" in capsys.readouterr().err
+    assert not (tmp_path / "ranges.yaml").exists()
+
+
 def test_a_run_inside_the_reference_range_is_no_regression(tmp_path, reference_ranges, capsys):
     old, new = _write(tmp_path, "old.json", _certificate(31.0)), _write(tmp_path, "new.json", _certificate(33.0))
     assert cli.main(["compare", str(old), str(new), "--ranges", str(reference_ranges)]) == 0

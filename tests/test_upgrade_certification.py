@@ -126,7 +126,20 @@ def test_an_upgrade_target_that_cannot_be_had_is_bad_input_and_creates_nothing(m
     assert not (tmp_path / "out").exists()
 
 
-def test_the_embedded_platform_can_be_upgraded_to_the_locked_kuberay_versions() -> None:
+def test_an_upgrade_to_the_version_the_operator_runs_is_bad_input(upgrade_run, capsys) -> None:
+    upgrade_run.target.version = "v1.6.0"
+    rc, out = upgrade_run()
+    assert rc == cli.BAD_INPUT_EXIT and "already runs it; nothing to upgrade" in capsys.readouterr().err
+    assert upgrade_run.argvs == [] and upgrade_run.target.closed and not out.exists()
+
+
+def test_the_embedded_platform_can_be_upgraded_to_the_locked_kuberay_versions(monkeypatch, tmp_path) -> None:
     assert "v1.6.0" in build.kuberay_upgrade_versions()
     with pytest.raises(ValueError, match="not an upgrade target"):
         build.ensure_kuberay_built("v0.0.1")
+    # The pinned version is the platform's own build: an "upgrade" to it redeploys the operator (UPG-1's self-test).
+    own = {"kuberay-operator": tmp_path / "kuberay-operator", "manifests": tmp_path / "manifests"}
+    monkeypatch.setattr(build, "ensure_built", lambda progress=print: own)
+    pinned = build.load_versions()["kuberay"]["version"]
+    assert build.ensure_kuberay_built(pinned) == {"kuberay-operator": own["kuberay-operator"],
+                                                 "crds": own["manifests"] / "kuberay" / "crd"}

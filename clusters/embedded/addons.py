@@ -277,14 +277,22 @@ class Addons:
 
     def upgrade_kuberay(self, binary: Path, crds: Path) -> dict[str, float]:
         """Upgrade the KubeRay operator in place, as `helm upgrade` of its chart
-        does: its CRDs first (applied over the old ones, so every RayJob,
-        RayCluster and RayService stays), then the operator stopped and
-        started on ``binary`` with the same flags; returns when each step
-        ended (epoch seconds)."""
+        does: its CRDs first, then the operator stopped and started on
+        ``binary`` with the same flags; returns when each step ended (epoch
+        seconds). The profile's ``kuberay.upgradeCRDs`` says how the CRDs are
+        updated: applied over the old ones (every RayJob, RayCluster and
+        RayService stays) or deleted and created again (the API server
+        deletes every Ray object with them, the old operator running their
+        finalizers)."""
         api = self.cp.api_client()
         try:
-            self.install_crds(api, kuberay_crd_documents(crds))
-            at = {"crds_applied_at": time.time()}
+            docs = kuberay_crd_documents(crds)
+            at = {}
+            if self.profile.kuberay["upgradeCRDs"] == "recreate":
+                self.delete_crds(api, [d["metadata"]["name"] for d in docs])
+                at["crds_deleted_at"] = time.time()
+            self.install_crds(api, docs)
+            at["crds_applied_at"] = time.time()
             self.supervisor.stop("kuberay-operator")
             at["operator_stopped_at"] = time.time()
             self._start_kuberay(binary)
@@ -293,6 +301,29 @@ class Addons:
             return at
         finally:
             api.close()
+
+    @staticmethod
+    def delete_crds(api: Any, names: Sequence[str]) -> None:
+        """Delete the CRDs ``names`` and wait until they are gone, as
+        `kubectl delete -f` does (their objects are deleted first)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        ext = client.ApiextensionsV1Api(api)
+        for name in names:
+            try:
+                _consume(ext.delete_custom_resource_definition(name, _preload_content=False))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+        def left() -> list[str]:
+            items = json.loads(_consume(ext.list_custom_resource_definition(_preload_content=False)))["items"]
+            return sorted({i["metadata"]["name"] for i in items} & set(names))
+
+        wait_for(left, lambda names_left: not names_left, timeout=timeouts.OBJECT_DELETE,
+                 description=f"the deleted CRDs {', '.join(names)} and their objects to be gone",
+                 ignore=TRANSIENT_ERRORS)
 
     def _start_kuberay(self, binary: Path | None = None) -> None:
         ports = self.ports

@@ -763,8 +763,13 @@ def ensure_kuberay_built(version: str, progress: Callable[[str], None] = print) 
     the embedded platform, from its published module and the go.mod and
     go.sum locked in ``upgrades/kuberay-<version>/``. Returns
     ``{"kuberay-operator": binary, "crds": directory of its CRDs}`` under
-    ``<cache>/bin/kuberay-<version>-<key>/``. Raises ValueError for a version
-    that is not locked here, RuntimeError when Go or a module cannot be had."""
+    ``<cache>/bin/kuberay-<version>-<key>/``. The pinned version is the
+    platform's own build (an upgrade to it redeploys the operator). Raises
+    ValueError for a version that is not locked here, RuntimeError when Go or
+    a module cannot be had."""
+    if version == load_versions()["kuberay"]["version"]:
+        own = ensure_built(progress)
+        return {"kuberay-operator": own["kuberay-operator"], "crds": own["manifests"] / "kuberay" / "crd"}
     lock = UPGRADE_MODULES / f"kuberay-{version}"
     if version not in kuberay_upgrade_versions():
         raise ValueError(f"KubeRay {version} is not an upgrade target of the embedded platform (locked: "

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from clusters import access
+from clusters import UpgradeFailed, access
 from clusters.embedded import build, pki as pki_mod
 from clusters.embedded.addons import ADDON_PROCESSES, Addons
 from clusters.embedded.controlplane import (
@@ -494,7 +494,11 @@ class EmbeddedPlatform:
             before = (st.get("versions") or {}).get("kuberay")
             progress(f"platform {self.name}: upgrading the KubeRay operator {before} -> {version}")
             binaries = self.binaries()
-            at = Addons(self.control_plane(), binaries).upgrade_kuberay(built["kuberay-operator"], built["crds"])
+            try:
+                at = Addons(self.control_plane(), binaries).upgrade_kuberay(built["kuberay-operator"], built["crds"])
+            except Exception as exc:  # any step of the procedure: what it did stays done
+                self.state.update(kuberay_upgraded={"from": before, "to": version, "failed": str(exc)})
+                raise UpgradeFailed(f"the upgrade of the KubeRay operator {before} -> {version} stopped: {exc}") from exc
             self.state.update(versions={**(st.get("versions") or {}), "kuberay": version},
                               kuberay_upgraded={"from": before, "to": version, **at})
         return {"from": before, "to": version, **at}

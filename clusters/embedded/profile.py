@@ -28,6 +28,8 @@ MAX_NODES = 16
 # (the CRDs of the others are not installed).
 KUEUE_INTEGRATIONS = ("batch/job", "ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice", "pod")
 REQUEUING_TIMESTAMPS = ("Eviction", "Creation")
+# How an operator upgrade updates the KubeRay CRDs (profile.yaml says what each does).
+UPGRADE_CRD_PROCEDURES = ("apply", "recreate")
 
 _GATE_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
@@ -120,6 +122,7 @@ SCHEMA: dict[str, Any] = {
     "kuberay": {
         "env": env_map,
         "featureGates": _gates,
+        "upgradeCRDs": one_of(UPGRADE_CRD_PROCEDURES),
     },
 }
 

@@ -49,6 +49,7 @@ def test_user_profile_merges_over_defaults(tmp_path: Path) -> None:
      "kueue.waitForPodsReady.requeuingStrategy.backoffMaxSeconds", ">= backoffBaseSeconds"),
     ({"kueue": {"integrations": ["kubeflow.org/mpijob"]}}, "kueue.integrations", "ray.io/rayjob"),
     ({"kuberay": {"featureGates": {"RayJobDeletionPolicy": "yes"}}}, "kuberay.featureGates", "true/false"),
+    ({"kuberay": {"upgradeCRDs": "replace"}}, "kuberay.upgradeCRDs", "one of apply, recreate"),
 ])
 def test_bad_profile_names_field_and_what_is_allowed(override: dict[str, Any], field: str, allowed: str) -> None:
     with pytest.raises(ProfileError) as err:

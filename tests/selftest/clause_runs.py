@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pytest
 import yaml
@@ -47,8 +47,10 @@ CLAUSE_RUN = Tier("selftest_clause_run", NESTED_TRAINING_RUN_S + 600 + timeouts.
 
 
 def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
-               platform_profile: Path | str | None = None, bounds: dict[Tier, float] | None = None) -> dict[str, Any]:
-    """Run one clause (``path::test``) as certify does; return its result row.
+               platform_profile: Path | str | None = None, bounds: dict[Tier, float] | None = None,
+               options: Sequence[str] = ()) -> dict[str, Any]:
+    """Run one clause (``path::test``) as certify does, with pytest
+    ``options`` (certify's own, e.g. ``--upgrade-to``); return its result row.
     ``bounds`` shortens waits the broken platform is known to wait out in full
     (a RayJob that never settles): how long the run looks, never what it judges."""
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -63,6 +65,7 @@ def run_clause(tmp_path: Path, test: str, *, profile: dict | None = None, platfo
         argv += ["--platform-name", platform]
     if platform_profile is not None:
         argv += ["--platform-profile", str(platform_profile)]
+    argv += options
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds,
                           env={"RAYPROOF_TIMEOUT_TRAINING_RUN": str(NESTED_TRAINING_RUN_S), **os.environ,
                                **{f"{timeouts.OVERRIDE_PREFIX}{t.name.upper()}": f"{s:g}" for t, s in (bounds or {}).items()},
