@@ -94,16 +94,19 @@ def load(path: Path) -> dict[str, Any]:
 # Evidence keys that hold a wall-clock time (seconds since the epoch), not a
 # figure: they differ between any two runs and say nothing by themselves.
 _WALL_CLOCK = {"at", "ts", "start", "end", "started", "finished", "last_finished"}
+# Evidence keys that measure the suite's own queueing on its host, not the
+# platform (how long a clause waited for a host slot).
+_SUITE_ONLY = {"waited_for_host_slot_s"}
 
 
 def figures(clause: dict[str, Any]) -> dict[str, float]:
     """Every number in a clause's evidence, by dotted key, and its duration
-    (wall-clock instants left out)."""
+    (wall-clock instants and the suite's own queueing left out)."""
     found: dict[str, float] = {"duration_s": float(clause.get("duration_s") or 0.0)}
 
     def walk(prefix: str, value: Any) -> None:
         last = prefix.rsplit(".", 1)[-1]
-        if isinstance(value, bool) or last in _WALL_CLOCK or last.endswith("_at"):
+        if isinstance(value, bool) or last in _WALL_CLOCK or last in _SUITE_ONLY or last.endswith("_at"):
             return
         if isinstance(value, (int, float)) and math.isfinite(value):
             found[prefix] = float(value)

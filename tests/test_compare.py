@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusters.embedded import build
 from rayproof import cli
+from rayproof.catalogue import catalogue
 from reports import bundle, compare, summary
 
 
@@ -18,7 +20,8 @@ def _certificate(recovery_s: float, availability: float = 0.999, outcome: str = 
         {"id": "GCS-1", "outcome": outcome, "duration_s": 150.0 + recovery_s, "evidence": {
             "figures": {"inject_to_head_ready_s": recovery_s, "oom_at": 1796245400.0 + recovery_s},
             "availability_window": {"availability": availability, "start": 1796245383.2 + recovery_s},
-            "head_after": {"restarts": 1, "last_exit_code": 137}, "gcs_ft": True}},
+            "head_after": {"restarts": 1, "last_exit_code": 137}, "gcs_ft": True,
+            "waited_for_host_slot_s": 40.0 + recovery_s}},
         {"id": "OPS-1", "outcome": "pass", "duration_s": 70.0, "evidence": {"teardown_after_end_s": 3.0}}]}
 
 
@@ -37,7 +40,7 @@ def reference_ranges(tmp_path: Path) -> Path:
     return out
 
 
-def test_figures_are_numbers_of_the_evidence_without_wall_clock_instants():
+def test_figures_are_numbers_of_the_evidence_without_wall_clock_instants_or_the_suites_queueing():
     found = compare.figures(_certificate(30.0)["clauses"][0])
     assert found == {"duration_s": 180.0, "figures.inject_to_head_ready_s": 30.0,
                      "availability_window.availability": 0.999, "head_after.restarts": 1.0,
@@ -105,3 +108,19 @@ def test_compare_reads_bundles_and_refuses_one_that_does_not_verify(tmp_path, ca
     assert "does not verify (certification.json is not the certificate its results.json makes" \
         in capsys.readouterr().err
     assert cli.main(["compare", str(tmp_path / "none"), str(archive)]) == cli.BAD_INPUT_EXIT
+
+
+REFERENCE_RANGES = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "ranges.yaml"
+
+
+def test_the_shipped_reference_ranges_are_of_the_platform_as_pinned():
+    """A change of a pinned version makes the shipped ranges another platform's: remake them
+    (`bin/rayproof ranges` over certifications of the new pins)."""
+    ranges = compare.load_ranges(REFERENCE_RANGES)
+    assert ranges["runs"] >= 2 and len(ranges["sources"]) == ranges["runs"]
+    for source in ranges["sources"]:
+        assert source["verdict"] == "CERTIFIED", source
+        for name, version in build.pinned_versions().items():
+            assert f"{name} {version}" in source["versions"], (name, version, source["versions"])
+    assert set(ranges["clauses"]) == set(catalogue()) - {cli.UPGRADE_CLAUSE}, "every clause a certification runs"
+
