@@ -4,7 +4,8 @@ Every program comes from a module served by the Go module proxy, pinned in
 ``versions.toml`` beside this file; nothing is built from a git checkout and no
 upstream code is copied into the repository:
 
-* ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler`` from
+* ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler`` and
+  ``kubectl`` (for users of the platform, not run by it) from
   ``k8s.io/kubernetes`` (a generated consumer module that requires it and
   replaces every ``k8s.io/<staging>`` module with its published ``v0.Y.Z``);
 * ``etcd`` from a tiny generated ``main`` that calls ``etcdmain.Main``;
@@ -80,6 +81,7 @@ BINARIES = (
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "kubectl",
     "kuberay-operator",
     "kueue",
 )

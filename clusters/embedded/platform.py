@@ -584,8 +584,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = EmbeddedPlatform(args.name, run_dir=args.run_dir, profile=args.profile, progress=log)
         if args.command == "up":
             p.up()
+            kubectl = p.binaries()["kubectl"]
             print(f"kubeconfig: {p.kubeconfig}")
+            print(f"kubectl:    {kubectl} (Kubernetes {build.load_versions()['kubernetes']['version']}, as the "
+                  "control plane); in a shell:")
             print(f"export KUBECONFIG={p.kubeconfig}")
+            print(f"alias kubectl={kubectl}")
         elif args.command == "down":
             for line in p.down():
                 print(line)

@@ -8,7 +8,9 @@ NET-3 check, so they are not repeated here.
 """
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
 import time
 from typing import Any, Iterator
 
@@ -104,6 +106,22 @@ def test_nodes_ready_with_gpu_capacity_and_pinned_version(platform: EmbeddedPlat
     assert all(v == platform.profile.node_shape["nvidia.com/gpu"] for v in gpus.values()), gpus
     version = client.VersionApi(api).get_code().git_version
     assert version == build.pinned_versions()["kubernetes"], version
+
+
+def test_the_pinned_kubectl_lists_the_nodes_and_the_ray_crds(platform: EmbeddedPlatform) -> None:
+    """The kubectl `up` tells its users to use: the pinned release, against the platform's kubeconfig."""
+    kubectl = [str(platform.binaries()["kubectl"]), f"--kubeconfig={platform.kubeconfig}"]
+    version = json.loads(subprocess.run([*kubectl, "version", "-o", "json"], capture_output=True, text=True,
+                                        check=True, timeout=60).stdout)
+    pinned = build.pinned_versions()["kubernetes"]
+    assert version["clientVersion"]["gitVersion"] == pinned and version["serverVersion"]["gitVersion"] == pinned, \
+        version
+    nodes = subprocess.run([*kubectl, "get", "nodes", "-o", "name"], capture_output=True, text=True, check=True,
+                           timeout=60).stdout.split()
+    assert len(nodes) == platform.profile.node_count, nodes
+    kinds = subprocess.run([*kubectl, "api-resources", "--api-group=ray.io", "-o", "name"], capture_output=True,
+                           text=True, check=True, timeout=60).stdout.split()
+    assert {"rayclusters.ray.io", "rayjobs.ray.io", "rayservices.ray.io"} <= set(kinds), kinds
 
 
 def test_raycluster_with_two_workers_becomes_ready(api, namespace: str, evidence) -> None:
