@@ -419,20 +419,22 @@ def cmd_ranges(args: argparse.Namespace) -> int:
 
     try:
         certificates = [compare.load(Path(path)) for path in args.certifications]
+        onto = compare.load_ranges(Path(args.add_to)) if args.add_to else None
     except compare.CertificateError as exc:
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
-    if len(certificates) < 2:
+    if len(certificates) + len((onto or {}).get("sources") or []) < 2:
         print("rayproof: a range needs at least two runs of the same platform", file=sys.stderr)
         return BAD_INPUT_EXIT
+    slack = args.slack if args.slack is not None else float((onto or {}).get("slack", compare.DEFAULT_SLACK))
     try:
-        ranges = compare.ranges_from(certificates, slack=compare.DEFAULT_SLACK if args.slack is None else args.slack)
+        ranges = compare.ranges_from(certificates, slack=slack, onto=onto)
     except compare.CertificateError as exc:
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
     Path(args.out).write_text(yaml.safe_dump(ranges, sort_keys=True))
     figures = sum(len(f) for f in ranges["clauses"].values())
-    print(f"rayproof: {args.out}: {figures} figures of {len(ranges['clauses'])} clauses from {len(certificates)} runs")
+    print(f"rayproof: {args.out}: {figures} figures of {len(ranges['clauses'])} clauses from {ranges['runs']} runs")
     return 0
 
 
@@ -575,7 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("certifications", nargs="+", help="bundles, report directories or certification.json files")
     p.add_argument("--out", default="ranges.yaml", help="where to write the ranges (default: ranges.yaml)")
     p.add_argument("--slack", type=float,
-                   help="how far beyond a range's ends a figure may go, as a fraction of its magnitude (default 0.10)")
+                   help="how far beyond a range's ends a figure may go, as a fraction of its magnitude (default 0.10, "
+                        "or the --add-to file's)")
+    p.add_argument("--add-to", metavar="RANGES",
+                   help="widen this ranges file (made earlier) by the runs given, keeping its sources; the runs "
+                        "must be of the platform at the same versions (comments in it are not kept)")
     p.set_defaults(func=cmd_ranges)
 
     p = sub.add_parser("clean", help=cmd_clean.__doc__, epilog=f"exit status: 0 done (what was removed is printed), "

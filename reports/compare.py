@@ -19,6 +19,7 @@ noise is unknown.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import tarfile
@@ -197,16 +198,28 @@ def _worse_than_range(span: dict[str, Any] | None, value: float, slack: float, n
     return ""
 
 
-def ranges_from(certificates: list[dict[str, Any]], slack: float = DEFAULT_SLACK) -> dict[str, Any]:
+def ranges_from(certificates: list[dict[str, Any]], slack: float = DEFAULT_SLACK,
+                onto: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per clause and figure, the lowest and highest value of the passed runs
     of each clause (a failed run's figures say nothing of healthy noise), and
-    which runs they came from. Raises CertificateError for runs of platforms
-    at different versions (their spread would not be one platform's noise)."""
-    platforms = {str((c.get("platform") or {}).get("versions")) for c in certificates}
+    which runs they came from; ``onto``, a ranges file made earlier, is
+    widened by these runs and keeps its sources. Raises CertificateError for
+    runs of platforms at different versions (their spread would not be one
+    platform's noise) and for a run counted twice."""
+    earlier = list((onto or {}).get("sources") or [])
+    platforms = {_canonical(source.get("versions")) for source in earlier}
+    platforms |= {_canonical((c.get("platform") or {}).get("versions")) for c in certificates}
     if len(platforms) > 1:
         raise CertificateError("these certifications are of platforms at different versions "
                                f"({'; '.join(sorted(platforms))}): a range is the noise of one platform")
-    clauses: dict[str, dict[str, dict[str, Any]]] = {}
+    counted = {(source.get("started"), source.get("cluster")) for source in earlier}
+    for certificate in certificates:
+        run = (certificate.get("started"), (certificate.get("platform") or {}).get("cluster"))
+        if run[0] is not None and run in counted:
+            raise CertificateError(f"the run started at {run[0]} is given twice or is in these ranges already: "
+                                   "a run counts once")
+        counted.add(run)
+    clauses: dict[str, dict[str, dict[str, Any]]] = copy.deepcopy((onto or {}).get("clauses") or {})
     for certificate in certificates:
         for clause in certificate["clauses"]:
             if clause.get("outcome") != PASS:
@@ -215,10 +228,14 @@ def ranges_from(certificates: list[dict[str, Any]], slack: float = DEFAULT_SLACK
                 span = clauses.setdefault(clause["id"], {}).setdefault(name, {"min": value, "max": value, "runs": 0})
                 span["min"], span["max"] = min(span["min"], value), max(span["max"], value)
                 span["runs"] += 1
-    sources = [{"verdict": c["verdict"], "started": c.get("started"), "wall_s": c.get("wall_s"),
-                **{k: (c.get("platform") or {}).get(k) for k in ("cluster", "versions", "nodes", "machine")}}
-               for c in certificates]
-    return {"runs": len(certificates), "slack": slack, "sources": sources, "clauses": clauses}
+    sources = earlier + [{"verdict": c["verdict"], "started": c.get("started"), "wall_s": c.get("wall_s"),
+                          **{k: (c.get("platform") or {}).get(k) for k in ("cluster", "versions", "nodes", "machine")}}
+                         for c in certificates]
+    return {"runs": len(sources), "slack": slack, "sources": sources, "clauses": clauses}
+
+
+def _canonical(versions: Any) -> str:
+    return json.dumps(versions, sort_keys=True, default=str)
 
 
 def load_ranges(path: Path) -> dict[str, Any]:

@@ -63,6 +63,27 @@ def test_ranges_of_platforms_at_different_versions_are_refused(tmp_path, capsys)
     assert not (tmp_path / "ranges.yaml").exists()
 
 
+def test_ranges_grow_run_by_run_and_count_each_run_once(tmp_path, reference_ranges, capsys):
+    later = {**_certificate(40.0), "started": 1796400000.0}
+    run = _write(tmp_path, "later.json", later)
+    grown = tmp_path / "grown.yaml"
+    assert cli.main(["ranges", str(run), "--add-to", str(reference_ranges), "--out", str(grown)]) == 0
+    assert "from 4 runs" in capsys.readouterr().out
+    ranges = yaml.safe_load(grown.read_text())
+    assert ranges["runs"] == 4 and len(ranges["sources"]) == 4 and ranges["sources"][-1]["started"] == 1796400000.0
+    assert ranges["clauses"]["GCS-1"]["figures.inject_to_head_ready_s"] == {"min": 29.5, "max": 40.0, "runs": 4}
+    assert ranges["clauses"] == yaml.safe_load(reference_ranges.read_text())["clauses"] | ranges["clauses"]
+    assert cli.main(["ranges", str(run), "--add-to", str(grown), "--out", str(tmp_path / "twice.yaml")]) == \
+        cli.BAD_INPUT_EXIT
+    assert "a run counts once" in capsys.readouterr().err
+    other = _write(tmp_path, "other.json", {**later, "started": 1796500000.0,
+                                             "platform": {"versions": "kubernetes v1.35.4, kuberay v1.6.0"}})
+    assert cli.main(["ranges", str(other), "--add-to", str(grown), "--out", str(tmp_path / "mixed.yaml")]) == \
+        cli.BAD_INPUT_EXIT
+    assert "platforms at different versions" in capsys.readouterr().err
+    assert not (tmp_path / "twice.yaml").exists() and not (tmp_path / "mixed.yaml").exists()
+
+
 def test_a_run_inside_the_reference_range_is_no_regression(tmp_path, reference_ranges, capsys):
     old, new = _write(tmp_path, "old.json", _certificate(31.0)), _write(tmp_path, "new.json", _certificate(33.0))
     assert cli.main(["compare", str(old), str(new), "--ranges", str(reference_ranges)]) == 0
