@@ -46,7 +46,7 @@ MODES = ("sigint", "sigterm", "sigkill", "worker")
 RUN_TO_END = Tier("certify_to_end", 1800, "a certify run that lost an xdist worker finishes its other clauses")
 
 
-def _snapshot() -> dict[str, set[str]]:
+def host_leftovers() -> dict[str, set[str]]:
     """The suite's network namespaces, cgroups and mounts on this machine now."""
     from fixtures import netns
     from rayproof import cgroups
@@ -99,7 +99,7 @@ def _interrupt(proc: subprocess.Popen, mode: str) -> str:
 def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> dict[str, Any]:
     from fixtures import janitor, leases
 
-    before = _snapshot()
+    before = host_leftovers()
     log = open(out / f"run-{index}.log", "w")
     began = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "rayproof", "certify", "-k", k, "--out", str(out / f"run-{index}")],
@@ -141,7 +141,7 @@ def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> 
     namespaces = wait_for(lambda: _suite_namespaces(api), lambda left: not left, timeout=timeouts.OBJECT_DELETE,
                           interval=2, ignore=(), description=f"run {index}: swept namespaces to be gone") \
         if swept else _suite_namespaces(api)
-    after = _snapshot()
+    after = host_leftovers()
     return {"run": index, "mode": mode, "interrupted_at_s": round(at_s, 1), "signalled": what,
             "exit_status": proc.returncode, "seconds_to_exit": round(interrupted_s - at_s, 1),
             "swept_at_next_start": swept,

@@ -1,6 +1,8 @@
-"""The certification benchmark's CPU accounting (the benchmark itself runs a whole certification)."""
+"""The benchmarks' own accounting (the benchmarks themselves run whole certifications and platforms):
+the certification benchmark's CPU by component and origin, the nodes benchmark's steps and figures."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -142,3 +144,88 @@ def test_an_interrupted_interruptions_bench_keeps_the_figures_of_the_runs_that_f
     summary = json.loads(captured.out)
     assert summary["runs_finished"] == 2 and summary["left_after_next_start"] == {"namespaces": 0, "processes": 0}
     assert "interrupted during run 2" in captured.err
+
+
+def _burning_tree(cpu_s: float) -> subprocess.Popen:
+    """A parent whose child burns ``cpu_s`` of CPU, says so, and both stay
+    alive until the parent's stdin closes."""
+    burner = ("import sys, time\n"
+              "start = time.process_time()\n"
+              f"while time.process_time() - start < {cpu_s}: pass\n"
+              "print('burnt', flush=True)\n"
+              "sys.stdin.read()\n")
+    code = ("import subprocess, sys\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {burner!r}], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+            "print(p.stdout.readline().decode().strip(), flush=True)\n"
+            "sys.stdin.read()\n"
+            "p.stdin.close()\n"
+            "p.wait()\n")
+    return subprocess.Popen([sys.executable, "-u", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def test_the_nodes_bench_counts_what_a_node_layer_process_started_and_sums_only_the_node_layer():
+    from benchmarks.nodes import summarize, tree_cpu_s
+
+    tree = _burning_tree(0.5)
+    try:
+        pids = {"nodeagent": tree.pid, "kube-apiserver": tree.pid}
+        before = tree_cpu_s(pids)
+        assert tree.stdout.readline().strip() == "burnt"
+        used = {name: after - before[name] for name, after in tree_cpu_s(pids).items()}
+    finally:
+        tree.stdin.close()
+        tree.wait(timeout=30)
+    assert used["nodeagent"] >= 0.4, used  # the child's CPU counts under the process that started it
+    figures = summarize({"nodeagent": 1.0, "podnet": 0.5, "kube-apiserver": 4.0}, idle_s=10.0)
+    assert figures["idle_cpu_s_node_layer"] == 1.5
+    assert figures["idle_core_share_node_layer"] == 0.15
+    assert figures["idle_cpu_s_platform"] == 5.5
+    assert tree_cpu_s({"gone": tree.pid}) == {"gone": 0.0}
+
+
+def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(monkeypatch, capsys):
+    import json
+
+    from benchmarks import interruptions, nodes
+    from clusters.embedded import platform
+
+    calls = []
+    leftovers = {"network namespaces": set(), "cgroups": set(), "mounts": set()}
+
+    class Record:
+        name, pid = "nodeagent", os.getpid()
+
+        def identity_ok(self) -> bool:
+            return True
+
+    class Platform:  # nothing is started: the bench's own steps and figures are what is tested
+        def __init__(self, name, **kwargs) -> None:
+            assert name == nodes.PLATFORM_NAME  # never the user's default platform
+            self.supervisor = type("Supervisor", (), {"records": lambda _self: [Record()]})()
+
+        def binaries(self) -> dict:
+            calls.append("build")
+            return {}
+
+        def up(self) -> "Platform":
+            calls.append("up")
+            return self
+
+        def rss_bytes(self) -> dict:
+            return {"nodeagent": 200 * 2**20, "kube-apiserver": 300 * 2**20}
+
+        def down(self) -> list:
+            calls.append("down")
+            if calls.count("up") == 2:
+                leftovers["cgroups"].add("/sys/fs/cgroup/memory/rayproof-left")
+            return []
+
+    monkeypatch.setattr(platform, "EmbeddedPlatform", Platform)
+    monkeypatch.setattr(interruptions, "host_leftovers", lambda: {k: set(v) for k, v in leftovers.items()})
+    assert nodes.main(["--runs", "2", "--idle-s", "0.01"]) == 1
+    assert calls == ["down", "build", "up", "down", "up", "down"]
+    report = json.loads(capsys.readouterr().out)
+    first, second = report["runs"]
+    assert first["rss_mib_node_layer"] == 200 and first["left_after_down"]["cgroups"] == []
+    assert second["left_after_down"]["cgroups"] == ["/sys/fs/cgroup/memory/rayproof-left"]

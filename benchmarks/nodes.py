@@ -1,0 +1,129 @@
+"""What the embedded platform's node layer costs: warm ``up``, idle CPU and memory, ``down``.
+
+Run with ``bin/rayproof bench nodes [--runs N] [--idle-s S]``. These are the
+figures real kubelet nodes (issue 14) are to be set beside, measured on the
+node layer they replace. It brings up its own platform (``bench-nodes``,
+never ``default``) ``N`` times (default 3), and for each run prints:
+
+* ``up_s``: the wall time of a warm ``up`` (binaries already built; a build,
+  if one was needed, happens once before the runs and is printed apart);
+* the CPU-seconds every platform process (with what it started) used while
+  the platform sat idle for ``S`` seconds (default 60), as a share of one
+  core, and the node layer's sum (the node agents and the pod network);
+* their resident memory at the end of that window;
+* ``down_s``, and what ``down`` left on this machine that the suite makes
+  (network namespaces, cgroups, mounts): every count should be zero.
+
+It asserts nothing about time. Other work on the machine shows in the
+figures: run it on a quiet machine and read ``machine.load_average``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any, Iterable
+
+import psutil
+
+from benchmarks import machine
+
+PLATFORM_NAME = "bench-nodes"
+# The node layer: what real kubelet nodes replace (kubelet, containerd and
+# runc; the CNI plugins, kube-proxy, cluster DNS and the policy engine).
+NODE_LAYER = ("nodeagent", "podnet")
+
+
+def tree_cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    """CPU-seconds each named process and its live descendants have used so
+    far; a process that is gone counts as nothing."""
+    out = {}
+    for name, pid in pids.items():
+        try:
+            root = psutil.Process(pid)
+            total = 0.0
+            for proc in (root, *root.children(recursive=True)):
+                try:
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+                except psutil.NoSuchProcess:
+                    continue
+        except psutil.NoSuchProcess:
+            total = 0.0
+        out[name] = total
+    return out
+
+
+def idle_cpu(pids: dict[str, int], idle_s: float) -> dict[str, float]:
+    """CPU-seconds each process tree used over an ``idle_s`` window."""
+    before = tree_cpu_s(pids)
+    threading.Event().wait(idle_s)  # the measuring window itself, not a wait for anything
+    after = tree_cpu_s(pids)
+    return {name: round(max(0.0, after[name] - before[name]), 2) for name in pids}
+
+
+def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str] = NODE_LAYER) -> dict[str, Any]:
+    layer = [name for name in node_layer if name in cpu_s]
+    layer_s = sum(cpu_s[name] for name in layer)
+    return {
+        "idle_window_s": idle_s,
+        "idle_cpu_s_by_process": dict(sorted(cpu_s.items(), key=lambda kv: -kv[1])),
+        "idle_cpu_s_platform": round(sum(cpu_s.values()), 2),
+        "node_layer": layer,
+        "idle_cpu_s_node_layer": round(layer_s, 2),
+        "idle_core_share_node_layer": round(layer_s / idle_s, 3) if idle_s else None,
+    }
+
+
+def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
+    from benchmarks.interruptions import host_leftovers
+
+    before = host_leftovers()
+    began = time.monotonic()
+    platform.up()
+    up_s = time.monotonic() - began
+    try:
+        pids = {rec.name: rec.pid for rec in platform.supervisor.records() if rec.identity_ok()}
+        row: dict[str, Any] = {"up_s": round(up_s, 1), **summarize(idle_cpu(pids, idle_s), idle_s)}
+        rss = platform.rss_bytes()
+        row["rss_mib_by_process"] = {name: round(b / 2**20) for name, b in sorted(rss.items())}
+        row["rss_mib_node_layer"] = round(sum(b for name, b in rss.items() if name in NODE_LAYER) / 2**20)
+    finally:
+        began = time.monotonic()
+        platform.down()
+        down_s = time.monotonic() - began
+    left = {kind: sorted(items - before[kind]) for kind, items in host_leftovers().items()}
+    return {**row, "down_s": round(down_s, 1), "left_after_down": left}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rayproof bench nodes", description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--idle-s", type=float, default=60.0, help="the idle window measured in each run")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.idle_s <= 0:
+        parser.error("--runs must be at least 1 and --idle-s above 0")
+    from clusters.embedded.platform import EmbeddedPlatform
+
+    platform = EmbeddedPlatform(PLATFORM_NAME, progress=lambda m: print(f"rayproof bench: {m}", file=sys.stderr))
+    platform.down()  # a bench interrupted earlier left its platform: start from nothing
+    began = time.monotonic()
+    platform.binaries()  # builds what the pinned versions need, once, outside the timed runs
+    build_s = round(time.monotonic() - began, 1)
+    rows = []
+    for index in range(args.runs):
+        row = one_run(platform, args.idle_s)
+        print(f"rayproof bench: run {index}: up {row['up_s']} s, node layer idle "
+              f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s",
+              file=sys.stderr, flush=True)
+        rows.append(row)
+    left = sum(len(items) for row in rows for items in row["left_after_down"].values())
+    print(json.dumps({"benchmark": "nodes", "node_layer": "node agent and pod network (Python)",
+                      "machine": machine(), "build_s": build_s, "runs": rows}, indent=2))
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
