@@ -10,7 +10,7 @@ never ``default``) ``N`` times (default 3), and for each run prints:
 * the CPU-seconds every platform process (with what it started) used while
   the platform sat idle for ``S`` seconds (default 60), as a share of one
   core, and the node layer's sum (the node agents and the pod network);
-* their resident memory at the end of that window;
+* their resident memory (with what they started) at the end of that window;
 * ``down_s``, and what ``down`` left on this machine that the suite makes
   (network namespaces, cgroups, mounts): every count should be zero.
 
@@ -20,11 +20,12 @@ figures: run it on a quiet machine and read ``machine.load_average``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import psutil
 
@@ -36,24 +37,31 @@ PLATFORM_NAME = "bench-nodes"
 NODE_LAYER = ("nodeagent", "podnet")
 
 
-def tree_cpu_s(pids: dict[str, int]) -> dict[str, float]:
-    """CPU-seconds each named process and its live descendants have used so
-    far; a process that is gone counts as nothing."""
+def _tree_sum(pids: dict[str, int], measure: Callable[[psutil.Process], float]) -> dict[str, float]:
+    """``measure`` summed over each named process and its live descendants;
+    a process that is gone counts as nothing."""
     out = {}
     for name, pid in pids.items():
+        total = 0.0
         try:
             root = psutil.Process(pid)
-            total = 0.0
             for proc in (root, *root.children(recursive=True)):
-                try:
-                    times = proc.cpu_times()
-                    total += times.user + times.system
-                except psutil.NoSuchProcess:
-                    continue
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    total += measure(proc)
         except psutil.NoSuchProcess:
-            total = 0.0
+            pass
         out[name] = total
     return out
+
+
+def tree_cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    """CPU-seconds each named process and its live descendants have used so far."""
+    return _tree_sum(pids, lambda proc: proc.cpu_times().user + proc.cpu_times().system)
+
+
+def tree_rss_mib(pids: dict[str, int]) -> dict[str, int]:
+    """Resident memory of each named process and its live descendants, MiB."""
+    return {name: round(b / 2**20) for name, b in _tree_sum(pids, lambda proc: proc.memory_info().rss).items()}
 
 
 def idle_cpu(pids: dict[str, int], idle_s: float) -> dict[str, float]:
@@ -87,9 +95,9 @@ def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
     try:
         pids = {rec.name: rec.pid for rec in platform.supervisor.records() if rec.identity_ok()}
         row: dict[str, Any] = {"up_s": round(up_s, 1), **summarize(idle_cpu(pids, idle_s), idle_s)}
-        rss = platform.rss_bytes()
-        row["rss_mib_by_process"] = {name: round(b / 2**20) for name, b in sorted(rss.items())}
-        row["rss_mib_node_layer"] = round(sum(b for name, b in rss.items() if name in NODE_LAYER) / 2**20)
+        rss = tree_rss_mib(pids)
+        row["rss_mib_by_process"] = dict(sorted(rss.items()))
+        row["rss_mib_node_layer"] = sum(mib for name, mib in rss.items() if name in NODE_LAYER)
     finally:
         began = time.monotonic()
         platform.down()
