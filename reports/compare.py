@@ -11,8 +11,9 @@ failed, anything to error or missing), and, given a ranges file, a measured
 figure beyond the range the reference runs showed, widened by the file's
 slack, *in the direction that is worse* (``worse_when``): a longer recovery,
 more failures, requeues, restarts, lost steps or idle GPU time, a lower
-availability. A figure better than the range, a latency, and one whose name
-says no direction (requests sent, steps run, a configured bound) are
+availability. A figure better than the range, a latency, the length of one
+of the suite's own steps (a clause's duration and phases), and one whose
+name says no direction (requests sent, steps run, a configured bound) are
 printed, never judged. Ranges come from repeated runs (``ranges_from``):
 without them a figure's change is printed but not judged, since one run's
 noise is unknown.
