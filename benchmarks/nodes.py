@@ -16,6 +16,8 @@ never ``default``) ``N`` times (default 3), and for each run prints:
 
 It asserts nothing about time. Other work on the machine shows in the
 figures: run it on a quiet machine and read ``machine.load_average``.
+Interrupted (Ctrl-C), it takes its platform down, prints the figures of the
+runs that finished and exits 130.
 """
 from __future__ import annotations
 
@@ -121,16 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     platform.binaries()  # builds what the pinned versions need, once, outside the timed runs
     build_s = round(time.monotonic() - began, 1)
     rows = []
-    for index in range(args.runs):
-        row = one_run(platform, args.idle_s)
-        print(f"rayproof bench: run {index}: up {row['up_s']} s, node layer idle "
-              f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s",
-              file=sys.stderr, flush=True)
-        rows.append(row)
+    interrupted = False
+    try:
+        for index in range(args.runs):
+            row = one_run(platform, args.idle_s)
+            print(f"rayproof bench: run {index}: up {row['up_s']} s, node layer idle "
+                  f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s",
+                  file=sys.stderr, flush=True)
+            rows.append(row)
+    except KeyboardInterrupt:  # the platform is down (one_run's finally); keep the finished runs' figures
+        interrupted = True
+        print(f"rayproof bench: interrupted during run {len(rows)}; the figures below are of the {len(rows)} "
+              "runs that finished", file=sys.stderr, flush=True)
     left = sum(len(items) for row in rows for items in row["left_after_down"].values())
     print(json.dumps({"benchmark": "nodes", "node_layer": "node agent and pod network (Python)",
-                      "machine": machine(), "build_s": build_s, "runs": rows}, indent=2))
-    return 1 if left else 0
+                      "machine": machine(), "build_s": build_s, "runs_finished": len(rows), "runs": rows},
+                     indent=2))
+    return 130 if interrupted else 1 if left else 0
 
 
 if __name__ == "__main__":

@@ -227,3 +227,14 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
     assert first["rss_mib_node_layer"] == first["rss_mib_by_process"]["nodeagent"] > 0  # this process, measured
     assert first["left_after_down"]["cgroups"] == []
     assert second["left_after_down"]["cgroups"] == ["/sys/fs/cgroup/memory/rayproof-left"]
+
+    def interrupted_in_run(platform, idle_s):  # Ctrl-C in the second run: the first one's figures are kept
+        if calls.count("run") == 1:
+            raise KeyboardInterrupt
+        calls.append("run")
+        return {"up_s": 1.0, "idle_core_share_node_layer": 0.0, "down_s": 1.0, "left_after_down": {}}
+
+    calls.clear()
+    monkeypatch.setattr(nodes, "one_run", interrupted_in_run)
+    assert nodes.main(["--runs", "3"]) == 130
+    assert json.loads(capsys.readouterr().out)["runs_finished"] == 1

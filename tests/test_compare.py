@@ -185,13 +185,13 @@ def test_the_shipped_reference_ranges_still_flag_the_measured_slower_recovery():
     GCS-1's oom_to_head_ready_s 61.1 s) stays a regression as runs widen the shipped ranges and their
     slack is set; a run at the top of the healthy runs' range stays none."""
     ranges = compare.load_ranges(REFERENCE_RANGES)
-    healthiest = ranges["clauses"]["GCS-1"]["figures.oom_to_head_ready_s"]
+    healthy = ranges["clauses"]["GCS-1"]["figures.oom_to_head_ready_s"]
 
     def run(oom_to_head_ready_s: float) -> dict:
         return {"verdict": "CERTIFIED", "clauses": [{"id": "GCS-1", "outcome": "pass", "duration_s": 150.0,
                                                       "evidence": {"figures": {
                                                           "oom_to_head_ready_s": oom_to_head_ready_s}}}]}
 
-    slower = compare.compare(run(healthiest["min"]), run(61.1), ranges).regressions
-    assert [(c.clause, c.what) for c in slower] == [("GCS-1", "figures.oom_to_head_ready_s")], (healthiest, slower)
-    assert not compare.compare(run(healthiest["min"]), run(healthiest["max"]), ranges).regressions
+    slower = compare.compare(run(healthy["min"]), run(61.1), ranges).regressions
+    assert [(c.clause, c.what) for c in slower] == [("GCS-1", "figures.oom_to_head_ready_s")], (healthy, slower)
+    assert not compare.compare(run(healthy["min"]), run(healthy["max"]), ranges).regressions
