@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,9 +107,19 @@ _WALL_CLOCK = {"at", "ts", "start", "end", "started", "finished", "last_finished
 _SUITE_ONLY = {"waited_for_host_slot_s"}
 
 
+# A key that is a name Kubernetes generated (``generateName``: five
+# characters of k8s.io/apimachinery's rand alphabet, no vowels or 0, 1, 3),
+# such as a pod of a RayCluster or a Job. Every run has other ones, so such
+# keys become ``*`` and their figures are combined into the worst of them
+# (the slowest pod's start, the most restarts of any of team B's pods).
+_GENERATED_NAME = re.compile(r"-[bcdfghjklmnpqrstvwxz2456789]{5}$")
+ANY_GENERATED = "*"
+
+
 def figures(clause: dict[str, Any]) -> dict[str, float]:
     """Every number in a clause's evidence, by dotted key, and its duration
-    (wall-clock instants and the suite's own queueing left out)."""
+    (wall-clock instants and the suite's own queueing left out); figures of
+    objects with generated names are combined under ``*``, worst first."""
     found: dict[str, float] = {"duration_s": float(clause.get("duration_s") or 0.0)}
 
     def walk(prefix: str, value: Any) -> None:
@@ -116,10 +127,15 @@ def figures(clause: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, bool) or last in _WALL_CLOCK or last in _SUITE_ONLY or last.endswith("_at"):
             return
         if isinstance(value, (int, float)) and math.isfinite(value):
-            found[prefix] = float(value)
+            if prefix in found and ANY_GENERATED in prefix.split("."):
+                worst = min if worse_when(prefix) == LOWER_IS_WORSE else max
+                found[prefix] = worst(found[prefix], float(value))
+            else:
+                found[prefix] = float(value)
         elif isinstance(value, dict):
             for key, inner in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+                key = ANY_GENERATED if _GENERATED_NAME.search(str(key)) else str(key)
+                walk(f"{prefix}.{key}" if prefix else key, inner)
 
     walk("", clause.get("evidence") or {})
     return found

@@ -195,3 +195,17 @@ def test_the_shipped_reference_ranges_still_flag_the_measured_slower_recovery():
     slower = compare.compare(run(healthy["min"]), run(61.1), ranges).regressions
     assert [(c.clause, c.what) for c in slower] == [("GCS-1", "figures.oom_to_head_ready_s")], (healthy, slower)
     assert not compare.compare(run(healthy["min"]), run(healthy["max"]), ranges).regressions
+
+
+def test_figures_of_objects_with_generated_names_are_combined_into_the_worst():
+    """Pods of a RayCluster or a Job have names Kubernetes generated, other ones in every run: their
+    figures are compared as the worst of them, under ``*`` (a name chosen by a person is kept)."""
+    clause = {"id": "GCS-2", "outcome": "pass", "duration_s": 90.0, "evidence": {
+        "team_b_pods_after": {"team-b-6eeb-dxtpm-head-6fgv9": {"restarts": 0},
+                              "team-b-6eeb-dxtpm-workers-worker-7zbpx": {"restarts": 2},
+                              "team-b-994c-6jnhh": {"restarts": 1}, "gcs-redis": {"restarts": 0}},
+        "gang_created_to_ready_s": {"late-269c-75rpj-head-m67cx": 10.0, "late-269c-75rpj-straggler-worker-cvbxp": 44.0},
+        "replicas": {"serve-q88f8": {"availability": 0.97}, "serve-b8w8k": {"availability": 1.0}}}}
+    assert compare.figures(clause) == {
+        "duration_s": 90.0, "team_b_pods_after.*.restarts": 2.0, "team_b_pods_after.gcs-redis.restarts": 0.0,
+        "gang_created_to_ready_s.*": 44.0, "replicas.*.availability": 0.97}
