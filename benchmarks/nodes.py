@@ -92,9 +92,9 @@ def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
 
     before = host_leftovers()
     began = time.monotonic()
-    platform.up()
-    up_s = time.monotonic() - began
-    try:
+    try:  # down also after an up that failed or was interrupted (up keeps its run directory then)
+        platform.up()
+        up_s = time.monotonic() - began
         pids = {rec.name: rec.pid for rec in platform.supervisor.records() if rec.identity_ok()}
         row: dict[str, Any] = {"up_s": round(up_s, 1), **summarize(idle_cpu(pids, idle_s), idle_s)}
         rss = tree_rss_mib(pids)

@@ -228,13 +228,17 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
     assert first["left_after_down"]["cgroups"] == []
     assert second["left_after_down"]["cgroups"] == ["/sys/fs/cgroup/memory/rayproof-left"]
 
-    def interrupted_in_run(platform, idle_s):  # Ctrl-C in the second run: the first one's figures are kept
-        if calls.count("run") == 1:
+    # Ctrl-C during the second run's up: that platform is taken down too (up keeps its run directory
+    # after an interrupted start), and the first run's figures are kept.
+    def interrupted_up(self) -> "Platform":
+        calls.append("up")
+        if calls.count("up") == 2:
             raise KeyboardInterrupt
-        calls.append("run")
-        return {"up_s": 1.0, "idle_core_share_node_layer": 0.0, "down_s": 1.0, "left_after_down": {}}
+        return self
 
     calls.clear()
-    monkeypatch.setattr(nodes, "one_run", interrupted_in_run)
-    assert nodes.main(["--runs", "3"]) == 130
+    leftovers["cgroups"].clear()
+    monkeypatch.setattr(Platform, "up", interrupted_up)
+    assert nodes.main(["--runs", "3", "--idle-s", "0.01"]) == 130
+    assert calls == ["down", "build", "up", "down", "up", "down"]
     assert json.loads(capsys.readouterr().out)["runs_finished"] == 1
