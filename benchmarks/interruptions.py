@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+import benchmarks
 from benchmarks import machine
 from rayproof import processes, timeouts
 from rayproof.timeouts import Tier
@@ -44,18 +45,6 @@ from rayproof.waiting import WaitTimeout, wait_for
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("sigint", "sigterm", "sigkill", "worker")
 RUN_TO_END = Tier("certify_to_end", 1800, "a certify run that lost an xdist worker finishes its other clauses")
-
-
-def host_leftovers() -> dict[str, set[str]]:
-    """The suite's network namespaces, cgroups and mounts on this machine now."""
-    from fixtures import netns
-    from rayproof import cgroups
-
-    groups = {str(p) for root in (cgroups.V1_ROOT, cgroups.V2_ROOT) if root.is_dir()
-              for p in root.glob("rayproof-*")}
-    mounts = {line.split(" - ")[0].split(" ", 4)[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if "rayproof" in line}
-    return {"network namespaces": set(netns.list_namespaces("rayproof-")), "cgroups": groups, "mounts": mounts}
 
 
 def _held_locks() -> list[str]:
@@ -99,7 +88,7 @@ def _interrupt(proc: subprocess.Popen, mode: str) -> str:
 def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> dict[str, Any]:
     from fixtures import janitor, leases
 
-    before = host_leftovers()
+    before = benchmarks.host_leftovers()
     log = open(out / f"run-{index}.log", "w")
     began = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "rayproof", "certify", "-k", k, "--out", str(out / f"run-{index}")],
@@ -141,7 +130,7 @@ def one_run(index: int, mode: str, at_s: float, k: str, out: Path, api: Any) -> 
     namespaces = wait_for(lambda: _suite_namespaces(api), lambda left: not left, timeout=timeouts.OBJECT_DELETE,
                           interval=2, ignore=(), description=f"run {index}: swept namespaces to be gone") \
         if swept else _suite_namespaces(api)
-    after = host_leftovers()
+    after = benchmarks.host_leftovers()
     return {"run": index, "mode": mode, "interrupted_at_s": round(at_s, 1), "signalled": what,
             "exit_status": proc.returncode, "seconds_to_exit": round(interrupted_s - at_s, 1),
             "swept_at_next_start": swept,

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 
 import psutil
 
+import benchmarks
 from benchmarks import machine
 
 PLATFORM_NAME = "bench-nodes"
@@ -88,9 +89,7 @@ def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str] 
 
 
 def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
-    from benchmarks.interruptions import host_leftovers
-
-    before = host_leftovers()
+    before = benchmarks.host_leftovers()
     began = time.monotonic()
     try:  # down also after an up that failed or was interrupted (up keeps its run directory then)
         platform.up()
@@ -104,7 +103,7 @@ def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
         began = time.monotonic()
         platform.down()
         down_s = time.monotonic() - began
-    left = {kind: sorted(items - before[kind]) for kind, items in host_leftovers().items()}
+    left = {kind: sorted(items - before[kind]) for kind, items in benchmarks.host_leftovers().items()}
     return {**row, "down_s": round(down_s, 1), "left_after_down": left}
 
 

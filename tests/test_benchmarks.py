@@ -187,7 +187,8 @@ def test_the_nodes_bench_counts_what_a_node_layer_process_started_and_sums_only_
 def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(monkeypatch, capsys):
     import json
 
-    from benchmarks import interruptions, nodes
+    import benchmarks
+    from benchmarks import nodes
     from clusters.embedded import platform
 
     calls = []
@@ -219,7 +220,7 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
             return []
 
     monkeypatch.setattr(platform, "EmbeddedPlatform", Platform)
-    monkeypatch.setattr(interruptions, "host_leftovers", lambda: {k: set(v) for k, v in leftovers.items()})
+    monkeypatch.setattr(benchmarks, "host_leftovers", lambda: {k: set(v) for k, v in leftovers.items()})
     assert nodes.main(["--runs", "2", "--idle-s", "0.01"]) == 1
     assert calls == ["down", "build", "up", "down", "up", "down"]
     report = json.loads(capsys.readouterr().out)
