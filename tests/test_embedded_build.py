@@ -3,8 +3,9 @@
 Calls ``clusters.embedded.build.ensure_built()`` (a cold build takes tens of
 minutes on two cores; later calls find the cache and build nothing), then
 checks that every binary runs and reports the version pinned in
-``clusters/embedded/versions.toml``, and that the CRDs and webhook manifests
-were copied out of the module cache.
+``clusters/embedded/versions.toml`` (the node layer's too: kubelet,
+kube-proxy, containerd, runc with seccomp, the CNI plugins, pause), and that
+the CRDs and webhook manifests were copied out of the module cache.
 """
 
 from __future__ import annotations
@@ -54,11 +55,16 @@ def test_every_binary_is_built(built: dict[str, pathlib.Path]) -> None:
         path = built[name]
         assert path.is_file(), name
         assert os.access(path, os.X_OK), name
+    assert built["cni"] == built["etcd"].parent / "cni"
+    for plugin in build.CNI_PLUGINS:
+        assert os.access(built["cni"] / plugin, os.X_OK), plugin
     info = build.build_info(built["etcd"].parent)
     assert info["versions"] == PINS
+    assert info["node_versions"] == build.node_versions()
 
 
-@pytest.mark.parametrize("name", ["kube-apiserver", "kube-controller-manager", "kube-scheduler"])
+@pytest.mark.parametrize("name", ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
+                                  "kube-proxy"])
 def test_kubernetes_binaries_report_pinned_version(
     built: dict[str, pathlib.Path], name: str, tmp_path: pathlib.Path
 ) -> None:
@@ -71,6 +77,63 @@ def test_etcd_reports_pinned_version(built: dict[str, pathlib.Path], tmp_path: p
     res = _run([str(built["etcd"]), "--version"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"etcd Version: {PINS['etcd'].removeprefix('v')}" in res.stdout, res.stdout
+
+
+def test_containerd_and_ctr_report_pinned_version(built: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    # As a release build: `containerd github.com/containerd/containerd/v2 v2.2.9`
+    # (CRI's RuntimeVersion is the same v2.2.9; kubelet shows containerd://2.2.9).
+    version = VERSIONS["containerd"]["version"]
+    res = _run([str(built["containerd"]), "--version"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[:3] == ["containerd", VERSIONS["containerd"]["module"], version], res.stdout
+    res = _run([str(built["ctr"]), "--version"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["ctr", VERSIONS["containerd"]["module"], version], res.stdout
+    res = _run([str(built["containerd-shim-runc-v2"]), "-v"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"Version:  {version}" in res.stdout, res.stdout
+
+
+def test_runc_reports_pinned_version_with_seccomp(built: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    res = _run([str(built["runc"]), "--version"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"runc version {VERSIONS['runc']['version'].removeprefix('v')}\n"), res.stdout
+    # Only printed when built with the seccomp tag against libseccomp.
+    assert re.search(r"^libseccomp: \d+\.\d+\.\d+$", res.stdout, re.M), res.stdout
+    res = _run([str(built["runc"]), "features"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert '"enabled": true' in res.stdout.split('"seccomp"', 1)[1][:200], res.stdout
+
+
+@pytest.mark.parametrize("plugin", build.CNI_PLUGINS)
+def test_cni_plugins_report_pinned_version(built: dict[str, pathlib.Path], plugin: str, tmp_path: pathlib.Path) -> None:
+    # Every CNI plugin answers the VERSION command (CNI_COMMAND=VERSION) with
+    # the spec versions it supports, and prints its build string on stderr
+    # when run without a command.
+    res = subprocess.run([str(built["cni"] / plugin)], cwd=tmp_path, env={"CNI_COMMAND": "VERSION"},
+                         input="{}", capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert '"supportedVersions"' in res.stdout, res.stdout
+    res = subprocess.run([str(built["cni"] / plugin)], cwd=tmp_path, env={}, capture_output=True, text=True,
+                         timeout=60)
+    assert f"CNI {plugin} plugin {VERSIONS['cni']['version']}" in res.stderr, res.stderr
+
+
+def test_pause_is_static_and_exits_on_sigterm(built: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    import signal
+
+    pause = built["pause"]
+    res = _run([str(pause), "-v"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"rayproof pause {VERSIONS['pause']['version']}", res.stdout
+    # Static: no program interpreter (a dynamic ELF names ld-linux in PT_INTERP).
+    assert b"ld-linux" not in pause.read_bytes()
+    assert "\tbuild\tCGO_ENABLED=0\n" in _build_info(pause)
+    proc = subprocess.Popen([str(pause)], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    assert proc.poll() is None, "pause exited by itself"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
 
 
 def test_kueue_reports_pinned_version(built: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
@@ -99,19 +162,29 @@ def test_kuberay_operator_runs_and_has_out_of_cluster_flags(
         ("kube-apiserver", "kubernetes"),
         ("kube-controller-manager", "kubernetes"),
         ("kube-scheduler", "kubernetes"),
+        ("kubelet", "kubernetes"),
+        ("kube-proxy", "kubernetes"),
         ("etcd", "etcd"),
         ("kuberay-operator", "kuberay"),
         ("kueue", "kueue"),
+        ("containerd", "containerd"),
+        ("containerd-shim-runc-v2", "containerd"),
+        ("ctr", "containerd"),
+        ("runc", "runc"),
+        ("cni/ptp", "cni"),
+        ("cni/portmap", "cni"),
     ],
 )
 def test_binary_built_from_pinned_module(
     built: dict[str, pathlib.Path], name: str, component: str
 ) -> None:
-    info = _build_info(built[name])
+    info = _build_info(built["etcd"].parent / name)
     module, version = VERSIONS[component]["module"], VERSIONS[component]["version"]
     # "mod" when the upstream module holds the main package, "dep" otherwise.
     assert re.search(rf"^\t(mod|dep)\t{re.escape(module)}\t{re.escape(version)}\t", info, re.M), info[:3000]
-    assert "\tbuild\tCGO_ENABLED=0\n" in info, info[:3000]
+    # Static, except runc (libcontainer/nsenter and libseccomp are C).
+    cgo = "1" if component == "runc" else "0"
+    assert f"\tbuild\tCGO_ENABLED={cgo}\n" in info, info[:3000]
 
 
 def test_kubernetes_staging_modules_match_release(built: dict[str, pathlib.Path]) -> None:
@@ -169,14 +242,17 @@ def test_second_call_builds_nothing(built: dict[str, pathlib.Path]) -> None:
     assert elapsed < 10, elapsed
 
 
-@pytest.mark.parametrize("name", ["kube-apiserver", "etcd", "kuberay-operator", "kueue"])
+@pytest.mark.parametrize("name", ["kube-apiserver", "kubelet", "etcd", "kuberay-operator", "kueue", "containerd",
+                                  "runc", "cni/ptp"])
 def test_every_module_in_a_binary_is_the_committed_go_sum_s(built: dict[str, pathlib.Path], name: str) -> None:
     """Built read-only from clusters/embedded/gomod/: each module compiled in
     is listed, with the same hash, in the committed go.sum of its component."""
-    component = {"kube-apiserver": "kubernetes", "kuberay-operator": "kuberay"}.get(name, name)
+    component = {"kube-apiserver": "kubernetes", "kubelet": "kubernetes", "kuberay-operator": "kuberay",
+                 "cni/ptp": "cni"}.get(name, name)
     go_sum = (build.LOCKED_MODULES / component / "go.sum").read_text()
-    modules = re.findall(r"^\t(?:dep|=>)\t(\S+)\t(\S+)\t(h1:\S+)$", _build_info(built[name]), re.M)
-    assert len(modules) > 10, modules
+    modules = re.findall(r"^\t(?:dep|=>)\t(\S+)\t(\S+)\t(h1:\S+)$",
+                         _build_info(built["etcd"].parent / name), re.M)
+    assert len(modules) > 5, modules
     missing = [f"{mod} {version} {digest}" for mod, version, digest in modules
                if f"{mod} {version} {digest}\n" not in go_sum]
     assert not missing, missing
@@ -186,10 +262,13 @@ def test_the_go_environment_is_fixed_by_the_build(monkeypatch: pytest.MonkeyPatc
     for name, value in {"GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "auto", "GOPROXY": "https://example.invalid,direct",
                         "GOSUMDB": "off", "GONOSUMDB": "*", "GOPRIVATE": "*", "GOINSECURE": "*"}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CGO_ENABLED", "1")
     env = build._go_env(VERSIONS)
     assert (env["GOFLAGS"], env["GOTOOLCHAIN"], env["GOPROXY"], env["GOSUMDB"]) == (
         "-buildvcs=false", "local", "https://proxy.golang.org", "sum.golang.org")
     assert env["GONOSUMDB"] == env["GOPRIVATE"] == env["GOINSECURE"] == ""
+    assert env["CGO_ENABLED"] == "0"
+    assert build._go_env(VERSIONS, cgo=True)["CGO_ENABLED"] == "1"
 
 
 def test_a_lock_made_for_other_pins_is_refused(built, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

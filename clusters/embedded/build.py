@@ -4,22 +4,30 @@ Every program comes from a module served by the Go module proxy, pinned in
 ``versions.toml`` beside this file; nothing is built from a git checkout and no
 upstream code is copied into the repository:
 
-* ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler`` and
-  ``kubectl`` (for users of the platform, not run by it) from
-  ``k8s.io/kubernetes`` (a generated consumer module that requires it and
-  replaces every ``k8s.io/<staging>`` module with its published ``v0.Y.Z``);
+* ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``,
+  ``kubectl`` (for users of the platform, not run by it), and the node
+  layer's ``kubelet`` and ``kube-proxy`` from ``k8s.io/kubernetes`` (a
+  generated consumer module that requires it and replaces every
+  ``k8s.io/<staging>`` module with its published ``v0.Y.Z``);
 * ``etcd`` from a tiny generated ``main`` that calls ``etcdmain.Main``;
 * ``kuberay-operator`` from ``github.com/ray-project/kuberay/ray-operator``;
-* ``kueue`` from ``sigs.k8s.io/kueue/cmd/kueue``.
+* ``kueue`` from ``sigs.k8s.io/kueue/cmd/kueue``;
+* the node layer: ``containerd``, ``containerd-shim-runc-v2`` and ``ctr``
+  from ``github.com/containerd/containerd/v2``; ``runc`` (cgo, seccomp) from
+  ``github.com/opencontainers/runc``; the CNI plugins ``ptp``,
+  ``loopback``, ``host-local`` and ``portmap`` from
+  ``github.com/containernetworking/plugins`` into ``cni/``; and ``pause``, a
+  pod sandbox's PID 1, from a tiny generated module of our own.
 
-Each of the four groups is its own Go module with its own dependency graph
-(the operators are HTTP clients of the API server and keep the client-go
-version they were released with).
+Each group is its own Go module with its own dependency graph (the operators
+are HTTP clients of the API server and keep the client-go version they were
+released with; containerd keeps its own k8s.io/cri-api and friends).
 
 Cache layout (root: ``$RAYPROOF_CACHE`` or ``~/.cache/rayproof``)::
 
-    src/<key>/{kubernetes,etcd,kuberay,kueue}/go.mod (+ main.go for etcd)
-    bin/<key>/etcd, kube-apiserver, ..., kueue, manifests/, .complete
+    src/<key>/{kubernetes,etcd,...,pause}/go.mod (+ main.go for etcd, pause)
+    bin/<key>/etcd, kube-apiserver, ..., kueue, kubelet, ..., pause,
+              cni/{ptp,loopback,host-local,portmap}, manifests/, .complete
     bin/<key>.partial/      while a build is in progress (resumable)
     bin/.<key>.lock         serialises concurrent builders
 
@@ -32,8 +40,10 @@ place. A second call finds the marker and runs no build at all.
 Go's own caches (``go env GOMODCACHE``, ``GOCACHE``) are used as they are: a
 rebuild under a new key (e.g. after a comment edit in versions.toml) mostly
 re-links. Measured on 2 cores: cold build about 32 minutes (kube-apiserver
-11, kueue 12, kube-controller-manager 4, kuberay 4, etcd 1.5), warm call
-about 0.02 s.
+11, kueue 12, kube-controller-manager 4, kuberay 4, etcd 1.5) before the node
+layer, which adds about 4 more (kubelet and kube-proxy about a minute on the
+shared graph, containerd's three 1.7, runc and the CNI plugins seconds);
+warm call about 0.02 s.
 
 Run ``python -m clusters.embedded.build`` to build (or find) everything and
 print the paths.
@@ -64,12 +74,15 @@ VERSIONS_FILE = HERE / "versions.toml"
 
 # Bump when a change here alters what gets built (flags, layout, generated
 # go.mod), so that caches made by the old recipe are not reused.
-RECIPE = "2"
+RECIPE = "3"
 # The consumer modules' resolved go.mod and go.sum, committed: a build uses
 # them read-only (-mod=readonly), so every module and its hash is fixed in the
 # repository; `python -m clusters.embedded.build --relock` rewrites them.
 LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
-COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue")
+COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause")
+# The platform's recorded pins (pinned_versions()); the rest is the node layer.
+PLATFORM_COMPONENTS = ("kubernetes", "etcd", "kuberay", "kueue")
+NODE_COMPONENTS = ("containerd", "runc", "cni", "pause")
 # KubeRay operator versions the embedded platform can be upgraded to
 # (`certify --upgrade-to`), each a consumer module locked the same way in
 # upgrades/kuberay-<version>/ (`--relock-kuberay VERSION` writes it). Kept
@@ -84,7 +97,33 @@ BINARIES = (
     "kubectl",
     "kuberay-operator",
     "kueue",
+    # the node layer
+    "kubelet",
+    "kube-proxy",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "pause",
 )
+# CNI plugins, built into <bindir>/cni/ (containerd's CNI bin_dir is a
+# directory of plugins); ensure_built()'s "cni" is that directory.
+CNI_DIR = "cni"
+CNI_PLUGINS = ("ptp", "loopback", "host-local", "portmap")
+# Where each plugin's main package lives in github.com/containernetworking/plugins.
+_CNI_PLUGIN_DIRS = {
+    "ptp": "plugins/main/ptp",
+    "loopback": "plugins/main/loopback",
+    "host-local": "plugins/ipam/host-local",
+    "portmap": "plugins/meta/portmap",
+}
+# containerd's main packages, and the tag its Makefile adds to the shim's.
+_CONTAINERD_MAINS = {
+    "containerd": "cmd/containerd",
+    "containerd-shim-runc-v2": "cmd/containerd-shim-runc-v2",
+    "ctr": "cmd/ctr",
+}
+_CONTAINERD_SHIM_TAGS = "no_grpc"
 MARKER = ".complete"
 # Bump when the set or layout of copied manifests changes: a finished build
 # then gets its manifests/ re-copied from the module cache, with no rebuild.
@@ -110,6 +149,61 @@ import (
 func main() { etcdmain.Main(os.Args) }
 """
 
+# The pause module's go directive: it requires nothing, so no upstream go.mod
+# decides it.
+_PAUSE_GO = "1.24.0"
+_PAUSE_MAIN_GO = """\
+// Generated by rayproof clusters/embedded/build.py; do not edit.
+// pause: the PID 1 of a pod sandbox. It holds the sandbox's namespaces
+// open and does nothing else: it reaps every child handed to it (orphans of
+// a shared PID namespace), exits 0 on SIGINT or SIGTERM, and otherwise
+// waits forever. Static (no cgo); the version is stamped at link time.
+package main
+
+import (
+\t"fmt"
+\t"os"
+\t"os/signal"
+\t"syscall"
+)
+
+var version = "unknown"
+
+func reap() {
+\tfor {
+\t\tvar status syscall.WaitStatus
+\t\tpid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+\t\tif err == syscall.EINTR {
+\t\t\tcontinue
+\t\t}
+\t\tif pid <= 0 || err != nil {
+\t\t\treturn
+\t\t}
+\t}
+}
+
+func main() {
+\tif len(os.Args) > 1 && (os.Args[1] == "-v" || os.Args[1] == "--version") {
+\t\tfmt.Printf("rayproof pause %s\\n", version)
+\t\treturn
+\t}
+\tif os.Getpid() != 1 {
+\t\tfmt.Fprintln(os.Stderr, "pause: warning: not running as PID 1")
+\t}
+\tsignals := make(chan os.Signal, 16)
+\tsignal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+\treap() // children that exited before the handler was in place
+\tfor sig := range signals {
+\t\tif sig == syscall.SIGCHLD {
+\t\t\treap()
+\t\t\tcontinue
+\t\t}
+\t\tfmt.Fprintf(os.Stderr, "pause: %v, exiting\\n", sig)
+\t\tos.Exit(0)
+\t}
+}
+"""
+
 Progress = Callable[[str], None]
 
 
@@ -131,9 +225,18 @@ def load_versions() -> dict:
 
 
 def pinned_versions() -> dict[str, str]:
-    """``{"kubernetes": "v1.35.4", "etcd": "v3.6.16", ...}`` from versions.toml."""
+    """``{"kubernetes": "v1.35.4", "etcd": "v3.6.16", ...}`` from versions.toml:
+    the control plane's and operators' (the platform's recorded pins)."""
     v = load_versions()
-    return {name: v[name]["version"] for name in ("kubernetes", "etcd", "kuberay", "kueue")}
+    return {name: v[name]["version"] for name in PLATFORM_COMPONENTS}
+
+
+def node_versions() -> dict[str, str]:
+    """The node layer's pins: ``{"kubelet": "v1.35.4", "containerd": "v2.2.9",
+    "runc": "v1.4.4", "cni": "v1.9.1", "pause": "3.10.1-rayproof"}``
+    (kubelet and kube-proxy are built from the kubernetes pin)."""
+    v = load_versions()
+    return {"kubelet": v["kubernetes"]["version"], **{name: v[name]["version"] for name in NODE_COMPONENTS}}
 
 
 def _parse_go_version(text: str) -> tuple[int, ...]:
@@ -161,11 +264,13 @@ def _go_exe() -> str:
     return found
 
 
-def _go_env(versions: dict) -> dict[str, str]:
+def _go_env(versions: dict, *, cgo: bool = False) -> dict[str, str]:
     """The go command's environment, fixed by the build: nothing of the
-    user's Go settings decides what is fetched, verified or built."""
+    user's Go settings decides what is fetched, verified or built. cgo is off
+    (static binaries) unless a component needs it (runc: see
+    ``_Component.cgo``)."""
     env = dict(os.environ)
-    env["CGO_ENABLED"] = "0"
+    env["CGO_ENABLED"] = "1" if cgo else "0"
     env["GOWORK"] = "off"
     # The user's GOFLAGS (e.g. -mod=vendor) must not leak into these builds;
     # the generated modules may sit inside someone's git work tree.
@@ -407,7 +512,8 @@ def _gomod(
     ]
     if godebug:
         parts += [*godebug, ""]
-    parts += ["require (", *(f"\t{r}" for r in requires), ")", ""]
+    if requires:  # pause requires nothing
+        parts += ["require (", *(f"\t{r}" for r in requires), ")", ""]
     if tools:
         parts += ["tool (", *(f"\t{t}" for t in tools), ")", ""]
     if replaces:
@@ -427,11 +533,15 @@ def _write_if_changed(path: pathlib.Path, text: str) -> bool:
 class _Component:
     """One generated Go module and the binaries built from it."""
 
-    def __init__(self, name: str, module_dir: pathlib.Path, builds: list[tuple[str, str, str, str]]):
+    def __init__(self, name: str, module_dir: pathlib.Path, builds: list[tuple[str, str, str, str]],
+                 *, cgo: bool = False):
         self.name = name
         self.dir = module_dir
-        # (binary name, package path, -tags, -ldflags)
+        # (binary path relative to the bin dir, package path, -tags, -ldflags)
         self.builds = builds
+        # Built with CGO_ENABLED=1 (runc: libcontainer/nsenter and libseccomp
+        # are C); every other component is static, CGO_ENABLED=0.
+        self.cgo = cgo
 
 
 def _prepare(
@@ -449,14 +559,21 @@ def _prepare(
     and go.sum (``clusters/embedded/gomod/<name>/``); with ``relock``, resolve
     it afresh (go mod tidy) and write those files."""
     pin = versions[name]
-    mod, ver = pin["module"], pin["version"]
-    info = _module_info(mod, ver, go=go, env=env, cwd=src)
-    gomod_up = pathlib.Path(info["GoMod"]).read_text()
-    go_line, godebug = _upstream_directives(gomod_up)
-    released = _release_date(info)
     mdir = src / name
     mdir.mkdir(parents=True, exist_ok=True)
     local = f"rayproof.local/embedded/{name}"
+    cgo = False
+    if name == "pause":  # our own program: no upstream module
+        mod, ver = local, pin["version"]
+        info: dict = {}
+        gomod_up, released = "", ""
+        go_line, godebug = _PAUSE_GO, []
+    else:
+        mod, ver = pin["module"], pin["version"]
+        info = _module_info(mod, ver, go=go, env=env, cwd=src)
+        gomod_up = pathlib.Path(info["GoMod"]).read_text()
+        go_line, godebug = _upstream_directives(gomod_up)
+        released = _release_date(info)
 
     if name == "kubernetes":
         m = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)", ver)
@@ -495,6 +612,37 @@ def _prepare(
             f"-X {vpkg}.BuildDate={released}"
         )
         builds = [("kueue", pkg, "", ldflags)]
+    elif name == "containerd":
+        pkgs = {b: f"{mod}/{p}" for b, p in _CONTAINERD_MAINS.items()}
+        text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], list(pkgs.values()))
+        # As its Makefile: VERSION is `git describe` (with the "v"); no
+        # revision is known from the proxy.
+        ldflags = f"-s -w -X {mod}/version.Version={ver} -X {mod}/version.Package={mod}"
+        tags = pin.get("tags", "")
+        builds = [
+            (b, p, ",".join(filter(None, [tags, _CONTAINERD_SHIM_TAGS])) if b == "containerd-shim-runc-v2" else tags,
+             ldflags)
+            for b, p in pkgs.items()
+        ]
+    elif name == "runc":
+        # The module root is the main package; main.version is go:embed'ded
+        # from its VERSION file, so nothing is stamped.
+        text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [mod])
+        builds = [("runc", mod, pin.get("tags", "seccomp"), "-s -w")]
+        cgo = True
+    elif name == "cni":
+        plugins = pin.get("plugins", list(CNI_PLUGINS))
+        if sorted(plugins) != sorted(CNI_PLUGINS):  # _is_complete() and callers know CNI_PLUGINS
+            raise RuntimeError(f"versions.toml [cni] plugins {plugins} differ from build.py's CNI_PLUGINS "
+                               f"{list(CNI_PLUGINS)}: change both (and _CNI_PLUGIN_DIRS)")
+        pkgs = [f"{mod}/{_CNI_PLUGIN_DIRS[p]}" for p in plugins]
+        text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], pkgs)
+        ldflags = f"-s -w -X {mod}/pkg/utils/buildversion.BuildVersion={ver}"
+        builds = [(f"{CNI_DIR}/{p}", pkg, "", ldflags) for p, pkg in zip(plugins, pkgs)]
+    elif name == "pause":
+        text = _gomod(local, go_line, godebug, [], [])
+        _write_if_changed(mdir / "main.go", _PAUSE_MAIN_GO)
+        builds = [("pause", local, "", f"-s -w -X main.version={ver}")]
     else:  # pragma: no cover - programming error
         raise ValueError(name)
 
@@ -508,6 +656,8 @@ def _prepare(
                 what="resolving/downloading modules")
         locked.mkdir(parents=True, exist_ok=True)
         (locked / "go.mod.in").write_text(text)
+        if not (mdir / "go.sum").exists():  # a module that requires nothing (pause)
+            (mdir / "go.sum").write_text("")
         for lock_file in ("go.mod", "go.sum"):
             shutil.copyfile(mdir / lock_file, locked / lock_file)
         progress(f"  {name}: modules resolved in {_fmt_s(time.monotonic() - t0)}, locked in {locked}")
@@ -518,7 +668,7 @@ def _prepare(
     else:
         for lock_file in ("go.mod", "go.sum"):
             _write_if_changed(mdir / lock_file, (locked / lock_file).read_text())
-    return _Component(name, mdir, builds), info
+    return _Component(name, mdir, builds, cgo=cgo), info
 
 
 # --------------------------------------------------------------------------
@@ -583,14 +733,18 @@ def _write_manifests(dest: pathlib.Path, infos: dict[str, dict], versions: dict)
 
 def _result(bindir: pathlib.Path) -> dict[str, pathlib.Path]:
     out = {b: bindir / b for b in BINARIES}
+    out[CNI_DIR] = bindir / CNI_DIR
     out["manifests"] = bindir / "manifests"
     return out
 
 
 def _is_complete(bindir: pathlib.Path) -> bool:
-    return (bindir / MARKER).is_file() and all((bindir / b).is_file() for b in BINARIES) and (
-        bindir / "manifests"
-    ).is_dir()
+    return (
+        (bindir / MARKER).is_file()
+        and all((bindir / b).is_file() for b in BINARIES)
+        and all((bindir / CNI_DIR / p).is_file() for p in CNI_PLUGINS)
+        and (bindir / "manifests").is_dir()
+    )
 
 
 def _manifests_current(bindir: pathlib.Path) -> bool:
@@ -649,10 +803,11 @@ def current_key() -> tuple[str, str]:
 def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.Path]:
     """Build (once) and return the platform's binaries and manifests.
 
-    Returns ``{"etcd", "kube-apiserver", "kube-controller-manager",
-    "kube-scheduler", "kuberay-operator", "kueue", "manifests"}`` mapped to
-    paths under ``<cache>/bin/<key>/``. Raises RuntimeError with what to do
-    when Go is missing or too old, or a module cannot be had.
+    Returns each name of ``BINARIES`` (``"etcd"``, ``"kube-apiserver"``, ...,
+    ``"kubelet"``, ``"containerd"``, ``"runc"``, ``"pause"``, ...), ``"cni"``
+    (the directory of the CNI plugins ``CNI_PLUGINS``) and ``"manifests"``
+    mapped to paths under ``<cache>/bin/<key>/``. Raises RuntimeError with
+    what to do when Go is missing or too old, or a module cannot be had.
     """
     versions_bytes = VERSIONS_FILE.read_bytes()
     versions = tomllib.loads(versions_bytes.decode())
@@ -680,9 +835,10 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
 
         t_all = time.monotonic()
         pins = pinned_versions()
+        node_pins = node_versions()
         progress(
             f"building the embedded platform with {goversion} into {final} (key {key}): "
-            + ", ".join(f"{k} {v}" for k, v in pins.items())
+            + ", ".join(f"{k} {v}" for k, v in {**pins, **node_pins}.items() if k != "kubelet")
         )
         timings: dict[str, float] = {}
         infos: dict[str, dict] = {}
@@ -700,6 +856,7 @@ def ensure_built(progress: Callable[[str], None] = print) -> dict[str, pathlib.P
             "recipe": RECIPE,
             "go": goversion,
             "versions": pins,
+            "node_versions": node_pins,
             "built_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "seconds": timings,
             "src": str(src),
@@ -720,20 +877,22 @@ def _build_binaries(comp: _Component, staging: pathlib.Path, *, go: str, env: di
     """Build each binary of ``comp`` into ``staging`` (one already there from an
     interrupted run is kept); returns the seconds each took."""
     timings: dict[str, float] = {}
+    env = {**env, "CGO_ENABLED": "1" if comp.cgo else "0"}
     for binary, pkg, tags, ldflags in comp.builds:
         dest = staging / binary
         if dest.is_file():
             progress(f"  {binary}: already built by an interrupted run, kept")
             continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
         t1 = time.monotonic()
-        progress(f"[{binary}] building {pkg}")
+        progress(f"[{binary}] building {pkg}" + (" (cgo)" if comp.cgo else ""))
         try:
             listed = _go_capture(["list", "-mod=readonly", "-deps", *(["-tags", tags] if tags else []), pkg],
                                  go=go, env=env, cwd=comp.dir)
             total = len(listed.split())
         except RuntimeError:
             total = None
-        tmp = staging / f".{binary}.tmp"
+        tmp = dest.with_name(f".{dest.name}.tmp")
         tmp.unlink(missing_ok=True)
         args = ["build", "-mod=readonly", "-v", "-trimpath"]  # go.mod and go.sum as committed
         if tags:

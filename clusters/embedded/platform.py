@@ -201,8 +201,28 @@ class EmbeddedPlatform:
     def podnet_dir(self) -> Path:
         return self.run_dir / "podnet"
 
+    def _start_nodes(self) -> None:
+        """The node layer the profile names (``nodes.runtime``), then wait until all nodes are Ready."""
+        if self.profile.node_runtime == "kubelet":
+            from clusters.embedded.nodes import layer
+
+            layer.start(self, self.progress, _python_env())
+        else:
+            self._start_node_agents()
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api_client())
+        want = self.profile.node_count
+
+        def ready_nodes() -> list[str]:
+            return sorted(n.metadata.name for n in core.list_node().items
+                          if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []))
+
+        wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
+                 description=f"{want} Ready nodes of platform {self.name}")
+
     def _start_node_agents(self) -> None:
-        """The node agent (kubelet + runtime for every node), then wait until all nodes are Ready."""
+        """The node agent: one process acting as kubelet and runtime for every node."""
         import yaml
 
         state_dir = self.run_dir / "nodeagent"
@@ -216,17 +236,6 @@ class EmbeddedPlatform:
                                          "--profile", str(profile_file), "--pki-dir", str(self.run_dir / "pki"),
                                          "--pod-network-dir", str(self.podnet_dir), "--platform", self.name],
                            env=_python_env())
-        from kubernetes import client
-
-        core = client.CoreV1Api(self.api_client())
-        want = self.profile.node_count
-
-        def ready_nodes() -> list[str]:
-            return sorted(n.metadata.name for n in core.list_node().items
-                          if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []))
-
-        wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
-                 description=f"{want} Ready nodes of platform {self.name}")
 
     def _start_pod_network(self) -> None:
         """The pod network controller: routes, services, DNS, NetworkPolicy, and the API server's way in."""
@@ -379,7 +388,7 @@ class EmbeddedPlatform:
                 self.progress(f"platform {self.name}: control plane up in {t_cp:.1f}s; starting KubeRay and Kueue")
                 Addons(cp, binaries).start()
                 self._start_pod_network()
-                self._start_node_agents()
+                self._start_nodes()
                 self._apply_baseline()
                 self._grant_certifier()
                 self._start_onboarding()
@@ -506,13 +515,21 @@ class EmbeddedPlatform:
     def health(self) -> dict[str, str]:
         """``{component: "ok" | why not}`` for every platform process."""
         if not self.state.path.exists():
-            return {name: "not running" for name in (*PROCESS_ORDER, *ADDON_PROCESSES, *NODE_LAYER_PROCESSES)}
+            return {name: "not running" for name in (*PROCESS_ORDER, *ADDON_PROCESSES, *self.node_layer_processes())}
         cp = self.control_plane()
         out = cp.healthy()
         out.update(Addons(cp, {}).healthy())
-        for name in NODE_LAYER_PROCESSES:
+        for name in self.node_layer_processes():
             out[name] = "ok" if self.supervisor.running(name) else "not running"
         return out
+
+    def node_layer_processes(self) -> tuple[str, ...]:
+        """The platform's processes besides the control plane and the operators, by its profile's node runtime."""
+        if self.profile.node_runtime == "kubelet":
+            from clusters.embedded.nodes.layer import process_names
+
+            return ("podnet", *process_names(self.profile.node_count), "onboarding")
+        return NODE_LAYER_PROCESSES
 
     def rss_bytes(self) -> dict[str, int]:
         """Resident memory of each running platform process, by name."""

@@ -31,6 +31,9 @@ REQUEUING_TIMESTAMPS = ("Eviction", "Creation")
 # How an operator upgrade updates the KubeRay CRDs (profile.yaml says what each does).
 UPGRADE_CRD_PROCEDURES = ("apply", "recreate")
 
+# What runs a node: the project's node agent, or upstream kubelet with containerd and runc (nodes/).
+NODE_RUNTIMES = ("agent", "kubelet")
+
 _GATE_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
 
@@ -44,6 +47,11 @@ class Profile:
     @property
     def node_count(self) -> int:
         return int(self.data["nodes"]["count"])
+
+    @property
+    def node_runtime(self) -> str:
+        """``agent`` (the project's node agent) or ``kubelet`` (upstream kubelet, containerd and runc)."""
+        return str(self.data["nodes"]["runtime"])
 
     @property
     def node_shape(self) -> dict[str, str]:
@@ -92,6 +100,7 @@ def _gates(v: Any) -> dict[str, bool]:
 SCHEMA: dict[str, Any] = {
     "nodes": {
         "count": int_range(1, MAX_NODES),
+        "runtime": one_of(NODE_RUNTIMES),
         "shape": {
             "cpu": quantity,
             "memory": quantity,

@@ -40,7 +40,7 @@ def test_user_profile_merges_over_defaults(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("override", "field", "allowed"), [
     ({"nodes": {"count": 0}}, "nodes.count", "an integer from 1 to 16"),
-    ({"nodes": {"cuont": 3}}, "nodes.cuont", "allowed here: count, shape"),
+    ({"nodes": {"cuont": 3}}, "nodes.cuont", "allowed here: count, runtime, shape"),
     ({"nodes": {"shape": {"memory": "4GB"}}}, "nodes.shape.memory", "Kubernetes quantity"),
     ({"kueue": {"waitForPodsReady": {"timeout": "2 minutes"}}}, "kueue.waitForPodsReady.timeout", "Go duration"),
     ({"kueue": {"waitForPodsReady": {"requeuingStrategy": {"timestamp": "Now"}}}},

@@ -42,7 +42,7 @@ from typing import Iterable, Mapping
 
 from clusters.embedded.podnet import _host
 from clusters.embedded.podnet.model import Endpoint, Service
-from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, _copy
+from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, copy_stream
 from clusters.embedded.podnet.services import ready_endpoints
 
 log = logging.getLogger(__name__)
@@ -186,9 +186,9 @@ class NodePortForwarder:
                 if self._stopping.is_set():
                     return
                 self._open.add(upstream)
-            t = threading.Thread(target=_copy, args=(upstream, client), daemon=True, name="podnet-nodeport-copy")
+            t = threading.Thread(target=copy_stream, args=(upstream, client), daemon=True, name="podnet-nodeport-copy")
             t.start()
-            _copy(client, upstream)
+            copy_stream(client, upstream)
             t.join()  # ends when upstream closes or stop() shuts the sockets
         finally:
             for s in (upstream, client):

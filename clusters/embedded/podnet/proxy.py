@@ -161,9 +161,9 @@ class ClusterProxy:
             if method == "CONNECT":
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             upstream.sendall(first + rest)
-            t = threading.Thread(target=_copy, args=(upstream, client), daemon=True, name="podnet-proxy-copy")
+            t = threading.Thread(target=copy_stream, args=(upstream, client), daemon=True, name="podnet-proxy-copy")
             t.start()
-            _copy(client, upstream)
+            copy_stream(client, upstream)
             t.join()  # ends when upstream closes or stop() shuts the sockets
         except (OSError, ValueError) as exc:
             log.debug("proxy connection ended: %s", exc)
@@ -224,7 +224,7 @@ def _reply(conn: socket.socket, code: int, message: str) -> None:
                  "Connection: close\r\n\r\n".encode() + body)
 
 
-def _copy(src: socket.socket, dst: socket.socket) -> None:
+def copy_stream(src: socket.socket, dst: socket.socket) -> None:
     """Copy until EOF, then half-close ``dst`` so the far side sees the end too."""
     try:
         while data := src.recv(65536):

@@ -1,0 +1,112 @@
+"""The real nodes' network: one network namespace per node, routed through the pod network's router.
+
+```
+node netns rayproof-<platform>-k<i>                       router netns rayproof-<platform>-net
+  eth0 198.18.255.<10+i>/32 ── veth ───────────────────── rk<i> (proxy_arp)
+  default via 169.254.1.1 (onlink)                          route 198.18.255.<10+i>/32 dev rk<i>
+  pods: 198.18.<200+i>.0/24 (CNI ptp + host-local)          route 198.18.<200+i>.0/24 via 198.18.255.<10+i>
+  rule 100: iif eth0           -> main  (to the node's pods)
+  rule 150: from pods to node  -> main  (probes' replies, the node's own addresses)
+  rule 200: from pods          -> table 100: default via the router
+```
+
+Every packet a pod sends to another pod, a Service or DNS leaves its node for
+the router, same-node peers included, so the router's Service rules and
+NetworkPolicy chains (``podnet``) judge all pod traffic as they judge the node
+agent's pods; the API server's egress (logs, exec, port-forward, its service
+proxy) reaches kubelets and pods through the router too. Nothing is added to
+the machine's root namespace.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from clusters.embedded.podnet import _host
+from clusters.embedded.podnet.network import GATEWAY
+
+NODE_ADDRESS_BASE = ipaddress.ip_address("198.18.255.10")
+POD_CIDR_BASE = 200  # node i's pods: 198.18.<200+i>.0/24
+MAX_NODES = 16
+POD_ROUTE_TABLE = 100
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    platform: str
+    index: int  # 1-based
+
+    @property
+    def netns(self) -> str:
+        return f"rayproof-{self.platform}-k{self.index}"
+
+    @property
+    def router(self) -> str:
+        return f"rayproof-{self.platform}-net"
+
+    @property
+    def router_ifname(self) -> str:
+        return f"rk{self.index}"
+
+    @property
+    def ip(self) -> str:
+        return str(NODE_ADDRESS_BASE + self.index)
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"198.18.{POD_CIDR_BASE + self.index}.0/24"
+
+    @property
+    def pod_gateway(self) -> str:
+        return f"198.18.{POD_CIDR_BASE + self.index}.1"
+
+    def create(self) -> None:
+        """Make (or remake) the node's namespace and its links; the router must exist."""
+        if not 1 <= self.index <= MAX_NODES:
+            raise ValueError(f"node index {self.index} outside 1..{MAX_NODES}")
+        if not _host.netns_exists(self.router):
+            raise RuntimeError(f"router namespace {self.router} is missing: start the pod network first")
+        self.delete()
+        _host.add_netns(self.netns)
+        for key, value in (("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.rp_filter", "0"),
+                           ("net.ipv4.conf.default.rp_filter", "0")):
+            _host.sysctl(self.netns, key, value)
+        _host.run(["ip", "-n", self.router, "link", "add", self.router_ifname, "type", "veth",
+                   "peer", "name", "eth0", "netns", self.netns])
+        pods = self.pod_cidr
+        _host.run(["ip", "-n", self.netns, "-batch", "-"], input="\n".join([
+            f"address add {self.ip}/32 dev eth0",
+            "link set eth0 up",
+            f"route add {GATEWAY} dev eth0 scope link",
+            f"route add default via {GATEWAY} dev eth0",
+            f"route add default via {GATEWAY} dev eth0 onlink table {POD_ROUTE_TABLE}",
+            "rule add iif eth0 lookup main pref 100",
+            f"rule add from {pods} to {self.ip}/32 lookup main pref 150",
+            f"rule add from {pods} to {self.pod_gateway}/32 lookup main pref 150",
+            f"rule add from {pods} lookup {POD_ROUTE_TABLE} pref 200",
+        ]) + "\n")
+        _host.run(["ip", "-n", self.router, "-batch", "-"], input="\n".join([
+            f"link set {self.router_ifname} up",
+            f"route replace {self.ip}/32 dev {self.router_ifname} scope link",
+            f"route replace {pods} via {self.ip} dev {self.router_ifname}",
+        ]) + "\n")
+
+    def delete(self) -> None:
+        """Remove the namespace (its veth, and so the router's routes, go with it); safe to repeat."""
+        if _host.netns_exists(self.router):
+            _host.run(["ip", "-n", self.router, "link", "del", self.router_ifname], check=False)
+        _host.delete_netns(self.netns)
+
+    def cni_config(self) -> dict:
+        """The CNI network list containerd gives every pod of this node."""
+        return {
+            "cniVersion": "1.0.0",
+            "name": "rayproof",
+            "plugins": [
+                {"type": "ptp", "mtu": 1500,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr,
+                                                             "gateway": self.pod_gateway}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }

@@ -1,0 +1,81 @@
+"""Bringing up the real node layer of an embedded platform (profile ``nodes.runtime: kubelet``).
+
+Called by :class:`clusters.embedded.platform.EmbeddedPlatform` once the
+control plane, the operators and the pod network's router run. Per node, in
+order: its network namespace (``fabric.py``), certificates from the
+platform's CA, its files and cgroup tree (``node.py``), containerd, the node
+images imported, kubelet. One ``apiproxy`` process serves the API server to
+every node namespace. ``down`` stops kubelet and containerd like every
+platform process, then the cleanup registered per node kills what is left in
+its cgroup tree and removes its namespace.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from clusters.embedded import build
+from clusters.embedded.nodes import images as images_mod
+from clusters.embedded.nodes.node import API_SERVER_PORT, Node, env_for
+from rayproof import timeouts
+from rayproof.waiting import wait_for
+
+if TYPE_CHECKING:
+    from clusters.embedded.platform import EmbeddedPlatform
+
+NAME_PREFIX = "rayproof-node"
+
+
+def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
+    bin_dir = Path(platform.binaries()["kubelet"]).parent
+    return [Node(platform.name, i, f"{NAME_PREFIX}-{i}", platform.run_dir / "nodes" / f"n{i}", bin_dir)
+            for i in range(1, platform.profile.node_count + 1)]
+
+
+def process_names(count: int) -> list[str]:
+    """The platform processes of a node layer of ``count`` nodes, in start order."""
+    return ["apiproxy", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in ("containerd", "kubelet"))]
+
+
+def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_env: dict[str, str]) -> None:
+    import sys
+
+    from clusters.embedded.controlplane import write_kubeconfig
+
+    binaries = platform.binaries()
+    archives = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
+    nodes = nodes_of(platform)
+    for node in nodes:
+        # Registered after the pod network's teardown, so each runs before it: nodes go before the router.
+        platform.register_cleanup("clusters.embedded.nodes.node:teardown", platform=platform.name,
+                                  name=node.name, index=node.index, node_dir=str(node.dir))
+        node.net.create()
+        certs = platform.issue_node_certs(node.name, [node.net.ip])
+        node.dir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = write_kubeconfig(node.dir / "node.kubeconfig", f"https://127.0.0.1:{API_SERVER_PORT}",
+                                      platform.ca_file, certs.client, f"system:node:{node.name}")
+        node.prepare(ca_file=platform.ca_file, kubeconfig=kubeconfig,
+                     serving_cert=certs.serving.cert, serving_key=certs.serving.key)
+
+    ready = platform.run_dir / "apiproxy.ready"
+    api_port = int(platform.api_server_url.rsplit(":", 1)[1])
+    platform.start_process("apiproxy", [sys.executable, "-m", "clusters.embedded.nodes.apiproxy",
+                                        "--upstream-port", str(api_port), "--ready", str(ready),
+                                        *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
+    wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
+             description=f"the API server's listeners in the node namespaces of platform {platform.name}")
+
+    for node in nodes:
+        rec = platform.start_process(f"containerd-{node.index}", node.containerd_argv(),
+                                     env=env_for("containerd"), exec_argvs=node.containerd_exec_argvs())
+        wait_for(lambda: node.ctr(rec.pid, "version", timeout=10), lambda r: r.returncode == 0,
+                 timeout=timeouts.OPERATORS_START,
+                 description=f"containerd of {node.name} answering on its socket (log {rec.log})")
+        for archive in archives:
+            done = node.ctr(rec.pid, "images", "import", str(archive.path))
+            if done.returncode != 0:
+                raise RuntimeError(f"importing {archive.name} into {node.name}'s containerd failed: "
+                                   f"{(done.stderr or done.stdout).strip()}")
+        platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
+                               exec_argvs=node.kubelet_exec_argvs(rec.pid))
+    progress(f"platform {platform.name}: {len(nodes)} kubelet nodes started (containerd, runc); waiting for Ready")

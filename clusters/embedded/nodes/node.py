@@ -1,0 +1,332 @@
+"""One real node: containerd and kubelet in the node's own network and mount namespaces and cgroup tree.
+
+Layout, all under the node's directory ``<run>/nodes/<name>/`` (``NodeDirs``):
+
+* The node's **mount namespace** (made by ``unshare --mount``, private to the
+  machine, shared within) binds the node's own directories over ``/run``,
+  ``/var/lib`` and ``/var/log``. kubelet's device-plugin socket
+  (``/var/lib/kubelet/device-plugins``, a constant), containerd's shim sockets
+  (``/run/containerd/s``, a constant), runc's state, CNI's cache
+  (``/var/lib/cni``), the pods' network namespaces (``/run/netns/cni-*``) and
+  ``/var/log/containers`` therefore land in the node's directory, never in the
+  machine's: four nodes on one machine share none of them, as four kind nodes
+  do not.
+* Six kernel tunables kubelet sets on start (``vm.overcommit_memory=1``,
+  ``kernel.panic=10``, ``kernel.panic_on_oops=1`` ...) are machine-wide: the
+  node's mount namespace shows kubelet files holding its desired values over
+  them, so it changes nothing on the machine (a real node would be changed).
+* The **cgroup tree** ``/rayproof-<platform>-<node>`` exists in every cgroup v1
+  hierarchy: containerd (and the shims it starts) in ``runtime/``, kubelet in
+  ``kubelet/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
+  kills every process in the tree, which stops the pods whatever state
+  kubelet and containerd were left in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from clusters.embedded.nodes.fabric import NodeNet
+from clusters.embedded.podnet.dns import DOMAIN
+from clusters.embedded.podnet.network import DNS_IP
+from rayproof import timeouts
+from rayproof.waiting import wait_for
+
+CGROUP_FS = Path("/sys/fs/cgroup")
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"  # inside the node's mount namespace
+KUBELET_PORT = 10250
+API_SERVER_PORT = 6443  # the API server, as seen from inside a node namespace (apiproxy.py)
+# kubelet's desired values (pkg/kubelet/cm/container_manager_linux.go setupKernelTunables).
+KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
+                   "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
+                   "kernel/keys/root_maxbytes": "25000000"}
+# Host paths a node must never write (each is bound over inside the node); checked after teardown.
+HOST_PATHS = ("/var/lib/kubelet", "/var/lib/containerd", "/var/lib/cni", "/run/containerd", "/var/log/pods",
+              "/var/log/containers")
+HOST_PATHS_BEFORE = "host-paths-before.json"  # which of them the machine had before the node started
+
+
+def v1_hierarchies() -> list[Path]:
+    """Mount points of the machine's cgroup v1 hierarchies (controllers and named ones)."""
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] == "cgroup":
+            out.append(Path(fields[1]))
+    return sorted(dict.fromkeys(p.resolve() for p in out))
+
+
+def cgroup_root(platform: str, name: str) -> str:
+    return f"/rayproof-{platform}-{name}"
+
+
+@dataclass(frozen=True)
+class Node:
+    platform: str
+    index: int
+    name: str
+    dir: Path
+    bin_dir: Path  # the platform's built binaries (kubelet, containerd, runc, cni/)
+
+    @property
+    def net(self) -> NodeNet:
+        return NodeNet(self.platform, self.index)
+
+    @property
+    def cgroup(self) -> str:
+        return cgroup_root(self.platform, self.name)
+
+    def cgroup_dirs(self, leaf: str = "") -> list[Path]:
+        rel = self.cgroup.lstrip("/") + (f"/{leaf}" if leaf else "")
+        return [h / rel for h in v1_hierarchies()]
+
+    # -- files ------------------------------------------------------------------------
+
+    def prepare(self, *, ca_file: Path, kubeconfig: Path, serving_cert: Path, serving_key: Path) -> None:
+        """Write every file the node's programs read, and make its cgroup tree."""
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        (d / HOST_PATHS_BEFORE).write_text(json.dumps(host_leaks()))
+        for sub in ("run", "var-lib", "var-log", "cni/net.d", "certs.d/_default", "sysctl", "opt"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        for key, value in KERNEL_TUNABLES.items():
+            (d / "sysctl" / key.replace("/", ".")).write_text(value + "\n")
+        (d / "cni/net.d/10-rayproof.conflist").write_text(json.dumps(self.net.cni_config(), indent=1))
+        # No registry answers yet: every pull of an image not imported fails at once on the node's
+        # own loopback, and no lookup leaves the machine.
+        (d / "certs.d/_default/hosts.toml").write_text(
+            'server = "http://127.0.0.1:9"\n\n[host."http://127.0.0.1:9"]\n  capabilities = ["pull", "resolve"]\n')
+        (d / "containerd.toml").write_text(self._containerd_toml())
+        (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key))
+        shutil.copyfile(kubeconfig, d / "kubelet.kubeconfig")
+        (d / "enter.sh").write_text(self._enter_script())
+        self._make_cgroups()
+
+    def _containerd_toml(self) -> str:
+        b, d = self.bin_dir, self.dir
+        return f"""\
+# containerd of node {self.name}; paths under /run and /var/lib are the node's own (node.py).
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d / 'opt'}"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "registry.k8s.io/pause:3.10.1"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{d / 'certs.d'}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # No CAP_SYS_RESOURCE here: runc could not lower oom_score_adj below containerd's own.
+  restrict_oom_score_adj = true
+  enable_cdi = false
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = "{b / 'runc'}"
+      Root = "/run/containerd/runc"
+      SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{b / 'cni'}"]
+    conf_dir = "{d / 'cni/net.d'}"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+"""
+
+    def _kubelet_yaml(self, ca_file: Path, serving_cert: Path, serving_key: Path) -> str:
+        import yaml
+
+        cfg = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            # This machine mounts cgroup v1; Kubernetes 1.35 refuses it unless told otherwise.
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup,
+            "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
+            "address": self.net.ip,
+            "port": KUBELET_PORT,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(ca_file)}},
+            "authorization": {"mode": "Webhook"},
+            "tlsCertFile": str(serving_cert),
+            "tlsPrivateKeyFile": str(serving_key),
+            "clusterDomain": DOMAIN,
+            "clusterDNS": [DNS_IP],
+            "resolvConf": "",
+            "podLogsDir": "/var/log/pods",
+            "failSwapOn": False,
+            "rotateCertificates": False,
+            "serverTLSBootstrap": False,
+            "staticPodPath": "",
+        }
+        return yaml.safe_dump(cfg, sort_keys=False)
+
+    def _enter_script(self) -> str:
+        d = self.dir
+        binds = [("run", "/run"), ("var-lib", "/var/lib"), ("var-log", "/var/log")]
+        lines = [
+            "#!/bin/sh",
+            f"# Enters node {self.name}: joins a cgroup leaf of its tree ($1), and for containerd (\"mounts\" as $2)",
+            "# binds the node's own directories over the machine's; then runs the rest.",
+            "set -eu",
+            'leaf="$1"; mode="$2"; shift 2',
+            f"for h in {' '.join(shlex.quote(str(h)) for h in v1_hierarchies())}; do",
+            f'  echo $$ > "$h{self.cgroup}/$leaf/cgroup.procs"',
+            "done",
+            'if [ "$mode" = mounts ]; then',
+        ]
+        lines += [f"  mount --bind {shlex.quote(str(d / src))} {dst}" for src, dst in binds]
+        lines += [f"  mount --bind {shlex.quote(str(d / 'sysctl' / k.replace('/', '.')))} /proc/sys/{k}"
+                  for k in KERNEL_TUNABLES]
+        lines += ["  mount --make-rshared /", "fi", 'exec "$@"', ""]
+        return "\n".join(lines)
+
+    def _make_cgroups(self) -> None:
+        for leaf in ("", "runtime", "kubelet"):
+            for path in self.cgroup_dirs(leaf):
+                path.mkdir(exist_ok=True)
+                if path.parent.name != "" and (path / "cpuset.cpus").exists():
+                    for f in ("cpuset.cpus", "cpuset.mems"):  # empty in a new cpuset: no task may join
+                        if not (path / f).read_text().strip():
+                            (path / f).write_text((path.parent / f).read_text())
+
+    # -- processes ---------------------------------------------------------------------
+
+    def containerd_argv(self) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.net.netns}", "unshare", "--mount", "--propagation", "private",
+                "/bin/sh", str(self.dir / "enter.sh"), "runtime", "mounts",
+                str(self.bin_dir / "containerd"), "--config", str(self.dir / "containerd.toml")]
+
+    def containerd_exec_argvs(self) -> list[list[str]]:
+        argv = self.containerd_argv()
+        return [argv[3:], argv[6:], argv[10:]]
+
+    def kubelet_argv(self, containerd_pid: int) -> list[str]:
+        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
+                "/bin/sh", str(self.dir / "enter.sh"), "kubelet", "plain",
+                str(self.bin_dir / "kubelet"), "--config", str(self.dir / "kubelet.yaml"),
+                "--kubeconfig", str(self.dir / "kubelet.kubeconfig"), "--hostname-override", self.name,
+                "--node-ip", self.net.ip, "--node-labels", f"rayproof.dev/node-index={self.index}"]
+
+    def kubelet_exec_argvs(self, containerd_pid: int) -> list[list[str]]:
+        argv = self.kubelet_argv(containerd_pid)
+        return [argv[4:], argv[8:]]
+
+    def ctr(self, containerd_pid: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr`` against this node's containerd (inside its namespaces)."""
+        return subprocess.run(["nsenter", f"--target={containerd_pid}", "--mount", "--net",
+                               str(self.bin_dir / "ctr"), "--address", CONTAINERD_SOCKET, "-n", "k8s.io", *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+
+# -- teardown ---------------------------------------------------------------------------
+
+
+def _tree_pids(top: Path) -> set[int]:
+    pids: set[int] = set()
+    if not top.is_dir():
+        return pids
+    for procs in top.rglob("cgroup.procs"):
+        try:
+            pids.update(int(p) for p in procs.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_tree(cgroup: str) -> int:
+    """SIGKILL every process in the cgroup tree ``cgroup`` (all hierarchies) until none is left.
+
+    Freezing first keeps a dying shim from starting anything new while the
+    rest is killed. Returns how many processes were killed.
+    """
+    rel = cgroup.lstrip("/")
+    tops = [h / rel for h in v1_hierarchies()]
+    killed: set[int] = set()
+
+    def remaining() -> set[int]:
+        left: set[int] = set()
+        for top in tops:
+            left |= _tree_pids(top)
+        for pid in left - killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        return left
+
+    wait_for(remaining, lambda left: not left, timeout=timeouts.PROCESS_EXIT, interval=0.2,
+             description=f"every process of cgroup tree {cgroup} gone after SIGKILL")
+    return len(killed)
+
+
+def remove_cgroups(cgroup: str) -> None:
+    """rmdir the cgroup tree, deepest first, in every hierarchy; safe to repeat."""
+    rel = cgroup.lstrip("/")
+    for h in v1_hierarchies():
+        top = h / rel
+        if not top.is_dir():
+            continue
+        for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            path.rmdir()
+        top.rmdir()
+
+
+def host_leaks() -> list[str]:
+    """Paths in the machine's own mount namespace that a node should never write, that exist now."""
+    leaks = [p for p in HOST_PATHS if os.path.lexists(p)]
+    netns = Path("/run/netns")
+    if netns.is_dir():
+        leaks += [str(p) for p in netns.glob("cni-*")]
+    return leaks
+
+
+def teardown(platform: str, name: str, index: int, node_dir: str) -> None:
+    """Stop everything of node ``name`` whatever state it is in, from any process; idempotent.
+
+    For ``EmbeddedPlatform.register_cleanup``: runs after the platform's
+    processes (kubelet, containerd) were stopped. Kills what is left in the
+    node's cgroup tree (the shims and the pods' processes), removes the tree
+    and the node's network namespace. The node's mount namespace, and with it
+    every mount containerd and kubelet made (pods' network namespaces, image
+    snapshots, volumes), ends with its last process.
+    """
+    cgroup = cgroup_root(platform, name)
+    kill_tree(cgroup)
+    # rmdir answers EBUSY for a moment after a cgroup's last task has exited.
+    wait_for(lambda: remove_cgroups(cgroup) or True, timeout=timeouts.PROCESS_EXIT, interval=0.1,
+             ignore=(OSError,), description=f"cgroup tree {cgroup} removed once empty")
+    NodeNet(platform, index).delete()
+    try:
+        before = set(json.loads((Path(node_dir) / HOST_PATHS_BEFORE).read_text()))
+    except FileNotFoundError:  # never prepared: it ran nothing
+        before = set(host_leaks())
+    leaks = sorted(set(host_leaks()) - before)
+    if leaks:
+        raise RuntimeError(f"node {name} wrote into the machine's own paths: {', '.join(leaks)}; remove them "
+                           "(after checking no containerd or kubelet runs) and report it as a bug")
+
+
+def env_for(kind: str) -> Mapping[str, str]:
+    """Environment of a node program: a plain PATH (kubelet and containerd look up mount, iptables, nsenter)."""
+    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+            "LANG": "C.UTF-8", **({"GOTRACEBACK": "all"} if kind == "containerd" else {})}
