@@ -53,12 +53,19 @@ HOST_PATHS = ("/var/lib/kubelet", "/var/lib/containerd", "/var/lib/cni", "/run/c
 HOST_PATHS_BEFORE = "host-paths-before.json"  # which of them the machine had before the node started
 
 
-def v1_hierarchies() -> list[Path]:
-    """Mount points of the machine's cgroup v1 hierarchies (controllers and named ones)."""
+def v1_hierarchies(*, with_unified: bool = False) -> list[Path]:
+    """Mount points of the machine's cgroup v1 hierarchies (controllers and named ones).
+
+    ``with_unified`` adds the cgroup v2 hierarchy a hybrid machine mounts
+    beside them (``/sys/fs/cgroup/unified``): nothing is placed there, but
+    kubelet and runc (libcontainer's cgroupfs manager) mirror the pods' and
+    containers' cgroups into it, so teardown removes those too.
+    """
+    kinds = ("cgroup", "cgroup2") if with_unified else ("cgroup",)
     out = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         fields = line.split()
-        if len(fields) > 3 and fields[2] == "cgroup":
+        if len(fields) > 3 and fields[2] in kinds:
             out.append(Path(fields[1]))
     return sorted(dict.fromkeys(p.resolve() for p in out))
 
@@ -259,7 +266,7 @@ def kill_tree(cgroup: str) -> int:
     rest is killed. Returns how many processes were killed.
     """
     rel = cgroup.lstrip("/")
-    tops = [h / rel for h in v1_hierarchies()]
+    tops = [h / rel for h in v1_hierarchies(with_unified=True)]
     killed: set[int] = set()
 
     def remaining() -> set[int]:
@@ -282,7 +289,7 @@ def kill_tree(cgroup: str) -> int:
 def remove_cgroups(cgroup: str) -> None:
     """rmdir the cgroup tree, deepest first, in every hierarchy; safe to repeat."""
     rel = cgroup.lstrip("/")
-    for h in v1_hierarchies():
+    for h in v1_hierarchies(with_unified=True):
         top = h / rel
         if not top.is_dir():
             continue
