@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,6 +23,7 @@ import pytest
 from kubernetes import client
 
 from clusters.embedded import build
+from clusters.embedded.controlplane import Supervisor
 from clusters.embedded.nodes import node as node_mod
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import busybox_version
@@ -32,6 +35,7 @@ from rayproof.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
 RUN = secrets.token_hex(3)
 LABELS = {"rayproof.io/run": RUN}
 NODES = 2
@@ -145,7 +149,7 @@ def test_logs_and_exec_are_served_by_kubelet(platform: EmbeddedPlatform, core: c
     assert pid.strip() != "1" and cmdline.startswith("sleep\x003600"), ran.stdout
 
 
-def test_pods_on_two_nodes_talk_through_a_service_by_name_until_a_policy_denies_it(
+def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_policy_denies_it(
         platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
     core.create_namespaced_pod(namespace, shell_pod(
         "server", "mkdir -p /www && echo served-by-$(hostname) > /www/index.html && httpd -f -p 8080 -h /www",
@@ -153,21 +157,27 @@ def test_pods_on_two_nodes_talk_through_a_service_by_name_until_a_policy_denies_
     core.create_namespaced_service(namespace, {"metadata": {"name": "web", "labels": LABELS}, "spec": {
         "selector": {"app": "server"}, "ports": [{"port": 80, "targetPort": 8080}]}})
     core.create_namespaced_pod(namespace, shell_pod("client", "sleep 3600", node=NODES))
-    for name in ("server", "client"):
+    core.create_namespaced_pod(namespace, shell_pod("neighbour", "sleep 3600", node=1))  # the server's node
+    for name in ("server", "client", "neighbour"):
         wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase, lambda ph: ph == "Running",
                  timeout=timeouts.POD_START, description=f"pod {name} Running")
     # busybox's nc, not its wget: Debian's static busybox wget crashes (SIGSEGV) in glibc's resolver.
-    fetch = ["-n", namespace, "exec", "client", "--", "sh", "-c",
-             f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 web.{namespace}.svc 80"]
-    got = wait_for(lambda: kubectl(platform, *fetch, check=False), lambda r: "served-by-server" in r.stdout,
-                   timeout=timeouts.CONTAINER_TRANSITION, description="client to fetch from server through Service web")
-    assert got.returncode == 0
+    def fetch(pod: str) -> subprocess.CompletedProcess[str]:
+        return kubectl(platform, "-n", namespace, "exec", pod, "--", "sh", "-c",
+                       f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 web.{namespace}.svc 80", check=False)
+
+    for pod in ("client", "neighbour"):
+        got = wait_for(lambda p=pod: fetch(p), lambda r: "served-by-server" in r.stdout,
+                       timeout=timeouts.CONTAINER_TRANSITION, description=f"{pod} to fetch from server through Service web")
+        assert got.returncode == 0
     client.NetworkingV1Api(platform.api_client()).create_namespaced_network_policy(namespace, {
         "metadata": {"name": "deny-ingress", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"]}})
-    blocked = wait_for(lambda: kubectl(platform, *fetch, check=False), lambda r: r.returncode != 0,
-                       timeout=timeouts.CONTROLLER_RECONCILE, description="the deny-ingress policy to cut client off")
-    assert "served-by-server" not in blocked.stdout
+    # The same-node neighbour too: its packets leave the node for the router, where policy is judged.
+    for pod in ("client", "neighbour"):
+        blocked = wait_for(lambda p=pod: fetch(p), lambda r: r.returncode != 0, timeout=timeouts.CONTROLLER_RECONCILE,
+                           description=f"the deny-ingress policy to cut {pod} off")
+        assert "served-by-server" not in blocked.stdout
 
 
 def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) -> None:
@@ -175,6 +185,8 @@ def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) ->
     name = f"kubelet-down-{os.getpid()}"
     run_dir = tmp_path / "platform"
     p = EmbeddedPlatform(name, run_dir=run_dir, profile={"nodes": {"runtime": "kubelet", "count": 1}})
+    node = node_mod.cgroup_root(name, "rayproof-node-1")
+    before = set(node_mod.host_leaks())
     with host_slot():
         try:
             p.up()
@@ -182,7 +194,6 @@ def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) ->
             core.create_namespaced_pod("default", shell_pod("sleeper", "sleep 3600"))
             wait_for(lambda: core.read_namespaced_pod("sleeper", "default").status.phase,
                      lambda phase: phase == "Running", timeout=timeouts.POD_START, description="pod sleeper Running")
-            node = node_mod.cgroup_root(name, "rayproof-node-1")
             assert node_mod._tree_pids(node_mod.v1_hierarchies()[0] / node.lstrip("/")), "nothing ran in the node"
         finally:
             p.down()
@@ -192,4 +203,40 @@ def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) ->
     assert not _host.netns_exists(NodeNet(name, 1).netns)
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(run_dir) not in mounts, [line for line in mounts.splitlines() if str(run_dir) in line]
-    assert not node_mod.host_leaks(), node_mod.host_leaks()
+    assert set(node_mod.host_leaks()) <= before, node_mod.host_leaks()
+
+
+def test_down_after_up_was_killed_with_nodes_running(tmp_path: Path) -> None:
+    """SIGKILL of the process running up() once a kubelet runs: down() from another process still
+    stops containerd, kubelet and what they started, and removes the nodes' namespaces and cgroups."""
+    name = f"kubelet-kill-{os.getpid()}"
+    run_dir = tmp_path / "platform"
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("nodes:\n  runtime: kubelet\n  count: 1\n")
+    sup = Supervisor(run_dir)
+    before = set(node_mod.host_leaks())
+    with host_slot():
+        starter = subprocess.Popen(
+            [sys.executable, "-m", "clusters.embedded.platform", "up", "--name", name, "--run-dir", str(run_dir),
+             "--profile", str(profile)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        p = EmbeddedPlatform(name, run_dir=run_dir, profile=profile)
+        try:
+            wait_for(lambda: sup.running("kubelet-1"), timeout=timeouts.CONTROL_PLANE_START,
+                     description="the starter to have started the node's kubelet")
+            os.kill(starter.pid, signal.SIGKILL)
+            starter.wait()
+            records = sup.records()
+            done = p.down()
+        finally:
+            if starter.poll() is None:
+                os.kill(starter.pid, signal.SIGKILL)
+                starter.wait()
+            p.down()
+    alive = [f"{r.name} (PID {r.pid})" for r in records if r.identity_ok()]
+    assert not alive, f"still running after down(): {alive}; down() said {done}"
+    assert not run_dir.exists(), done
+    cgroup = node_mod.cgroup_root(name, "rayproof-node-1").lstrip("/")
+    assert not [h for h in node_mod.v1_hierarchies(with_unified=True) if (h / cgroup).exists()]
+    assert not _host.list_netns(f"rayproof-{name}-"), _host.list_netns(f"rayproof-{name}-")
+    assert set(node_mod.host_leaks()) <= before, node_mod.host_leaks()
