@@ -1,9 +1,12 @@
 """What the embedded platform's node layer costs: warm ``up``, idle CPU and memory, ``down``.
 
-Run with ``bin/rayproof bench nodes [--runs N] [--idle-s S]``. These are the
-figures real kubelet nodes (issue 14) are to be set beside, measured on the
-node layer they replace. It brings up its own platform (``bench-nodes``,
-never ``default``) ``N`` times (default 3), and for each run prints:
+Run with ``bin/rayproof bench nodes [--runtime agent|kubelet ...] [--runs N]
+[--idle-s S]``. It measures each node runtime of the profile's
+``nodes.runtime`` (default both, one after the other, so that the project's
+node agent and the real kubelet nodes that replace it (issue 14) are set side
+by side in one run on one machine). For each it brings up its own platform
+(``bench-nodes``, never ``default``) ``N`` times (default 3), and for each run
+prints:
 
 * ``up_s``: the wall time of a warm ``up`` (binaries already built; a build,
   if one was needed, happens once before the runs and is printed apart);
@@ -13,6 +16,12 @@ never ``default``) ``N`` times (default 3), and for each run prints:
 * their resident memory (with what they started) at the end of that window;
 * ``down_s``, and what ``down`` left on this machine that the suite makes
   (network namespaces, cgroups, mounts): every count should be zero.
+
+``side_by_side`` gives each runtime's median of those figures, and
+``node_layer_build_s`` the seconds each node-layer binary took when the
+platform's binaries were built (from the build's record, so also when they
+were cached: what a cold build adds for the real nodes, less what a warm Go
+build cache saved it then).
 
 It asserts nothing about time. Other work on the machine shows in the
 figures: run it on a quiet machine and read ``machine.load_average``.
@@ -24,9 +33,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import psutil
@@ -35,9 +46,21 @@ import benchmarks
 from benchmarks import machine
 
 PLATFORM_NAME = "bench-nodes"
+RUNTIMES = ("agent", "kubelet")
+DESCRIPTIONS = {
+    "agent": "node agent and pod network (Python)",
+    "kubelet": "upstream kubelet, containerd and runc per node; the pod network's router, DNS and policy (Python)",
+}
 # The node layer: what real kubelet nodes replace (kubelet, containerd and
 # runc; the CNI plugins, kube-proxy, cluster DNS and the policy engine).
 NODE_LAYER = ("nodeagent", "podnet")
+
+
+def node_layer(runtime: str, names: Iterable[str]) -> list[str]:
+    """Which of the platform's processes are its node layer, for ``runtime``."""
+    if runtime == "agent":
+        return [n for n in NODE_LAYER if n in names]
+    return [n for n in names if n in ("podnet", "apiproxy") or n.startswith(("containerd-", "kubelet-", "fakegpu-"))]
 
 
 def _tree_sum(pids: dict[str, int], measure: Callable[[psutil.Process], float]) -> dict[str, float]:
@@ -88,17 +111,18 @@ def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str] 
     }
 
 
-def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
+def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, Any]:
     before = benchmarks.host_leftovers()
     began = time.monotonic()
     try:  # down also after an up that failed or was interrupted (up keeps its run directory then)
         platform.up()
         up_s = time.monotonic() - began
         pids = {rec.name: rec.pid for rec in platform.supervisor.records() if rec.identity_ok()}
-        row: dict[str, Any] = {"up_s": round(up_s, 1), **summarize(idle_cpu(pids, idle_s), idle_s)}
+        layer = node_layer(runtime, pids)
+        row: dict[str, Any] = {"up_s": round(up_s, 1), **summarize(idle_cpu(pids, idle_s), idle_s, layer)}
         rss = tree_rss_mib(pids)
         row["rss_mib_by_process"] = dict(sorted(rss.items()))
-        row["rss_mib_node_layer"] = sum(mib for name, mib in rss.items() if name in NODE_LAYER)
+        row["rss_mib_node_layer"] = sum(mib for name, mib in rss.items() if name in layer)
     finally:
         began = time.monotonic()
         platform.down()
@@ -107,8 +131,37 @@ def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
     return {**row, "down_s": round(down_s, 1), "left_after_down": left}
 
 
+SIDE_BY_SIDE = ("up_s", "idle_core_share_node_layer", "idle_cpu_s_platform", "rss_mib_node_layer", "down_s")
+
+
+def side_by_side(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each figure of ``SIDE_BY_SIDE``: its median over each runtime's finished runs."""
+    out: dict[str, dict[str, float | None]] = {}
+    for figure in SIDE_BY_SIDE:
+        out[figure] = {}
+        for runtime, result in results.items():
+            values = [row[figure] for row in result["runs"] if row.get(figure) is not None]
+            out[figure][runtime] = statistics.median(values) if values else None
+    return out
+
+
+def node_layer_build_s(binaries: dict[str, Any]) -> dict[str, float]:
+    """Seconds each node-layer binary took in the build that made ``binaries`` (its record)."""
+    from clusters.embedded import build
+
+    if "kubelet" not in binaries:
+        return {}
+    seconds = build.build_info(Path(binaries["kubelet"]).parent).get("seconds", {})
+    mine = {k: v for k, v in seconds.items() if not k.endswith(":modules") and (
+        k in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "pause")
+        or k.startswith("cni/"))}
+    return {**mine, "total": round(sum(mine.values()), 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rayproof bench nodes", description=__doc__.split("\n")[0])
+    parser.add_argument("--runtime", action="append", choices=RUNTIMES,
+                        help="a node runtime to measure (repeatable; default: both)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle window measured in each run")
     args = parser.parse_args(argv)
@@ -116,28 +169,37 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be at least 1 and --idle-s above 0")
     from clusters.embedded.platform import EmbeddedPlatform
 
-    platform = EmbeddedPlatform(PLATFORM_NAME, progress=lambda m: print(f"rayproof bench: {m}", file=sys.stderr))
-    platform.down()  # a bench interrupted earlier left its platform: start from nothing
+    def say(message: str) -> None:
+        print(f"rayproof bench: {message}", file=sys.stderr, flush=True)
+
+    runtimes = list(dict.fromkeys(args.runtime or RUNTIMES))
+    platforms = {r: EmbeddedPlatform(PLATFORM_NAME, profile={"nodes": {"runtime": r}}, progress=say)
+                 for r in runtimes}
+    first = platforms[runtimes[0]]
+    first.down()  # a bench interrupted earlier left its platform: start from nothing
     began = time.monotonic()
-    platform.binaries()  # builds what the pinned versions need, once, outside the timed runs
+    binaries = first.binaries()  # builds what the pinned versions need, once, outside the timed runs
     build_s = round(time.monotonic() - began, 1)
-    rows = []
+    results: dict[str, dict[str, Any]] = {}
     interrupted = False
     try:
-        for index in range(args.runs):
-            row = one_run(platform, args.idle_s)
-            print(f"rayproof bench: run {index}: up {row['up_s']} s, node layer idle "
-                  f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s",
-                  file=sys.stderr, flush=True)
-            rows.append(row)
+        for runtime in runtimes:
+            rows: list[dict[str, Any]] = []
+            results[runtime] = {"node_layer": DESCRIPTIONS[runtime], "runs_finished": 0, "runs": rows}
+            for index in range(args.runs):
+                row = one_run(platforms[runtime], args.idle_s, runtime)
+                say(f"{runtime} run {index}: up {row['up_s']} s, node layer idle "
+                    f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s")
+                rows.append(row)
+                results[runtime]["runs_finished"] = len(rows)
     except KeyboardInterrupt:  # the platform is down (one_run's finally); keep the finished runs' figures
         interrupted = True
-        print(f"rayproof bench: interrupted during run {len(rows)}; the figures below are of the {len(rows)} "
-              "runs that finished", file=sys.stderr, flush=True)
-    left = sum(len(items) for row in rows for items in row["left_after_down"].values())
-    print(json.dumps({"benchmark": "nodes", "node_layer": "node agent and pod network (Python)",
-                      "machine": machine(), "build_s": build_s, "runs_finished": len(rows), "runs": rows},
-                     indent=2))
+        say("interrupted; the figures below are of the runs that finished")
+    left = sum(len(items) for result in results.values() for row in result["runs"]
+               for items in row["left_after_down"].values())
+    print(json.dumps({"benchmark": "nodes", "machine": machine(), "build_s": build_s,
+                      "node_layer_build_s": node_layer_build_s(binaries), "side_by_side": side_by_side(results),
+                      "runtimes": results}, indent=2))
     return 130 if interrupted else 1 if left else 0
 
 

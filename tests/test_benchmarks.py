@@ -184,6 +184,20 @@ def test_the_nodes_bench_counts_what_a_node_layer_process_started_and_sums_only_
     assert tree_cpu_s({"gone": tree.pid}) == {"gone": 0.0}
 
 
+def test_the_nodes_bench_sets_each_runtimes_node_layer_side_by_side():
+    from benchmarks.nodes import node_layer, side_by_side
+
+    names = ["etcd", "kube-apiserver", "podnet", "apiproxy", "containerd-1", "kubelet-1", "containerd-2",
+             "kubelet-2", "onboarding", "kueue"]
+    assert node_layer("kubelet", names) == ["podnet", "apiproxy", "containerd-1", "kubelet-1", "containerd-2",
+                                            "kubelet-2"]
+    assert node_layer("agent", ["nodeagent", "podnet", "kueue"]) == ["nodeagent", "podnet"]
+    table = side_by_side({"agent": {"runs": [{"up_s": 20.0}, {"up_s": 22.0}, {"up_s": 19.0}]},
+                          "kubelet": {"runs": [{"up_s": 25.0, "down_s": 9.0}]}})
+    assert table["up_s"] == {"agent": 20.0, "kubelet": 25.0}
+    assert table["down_s"] == {"agent": None, "kubelet": 9.0}
+
+
 def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(monkeypatch, capsys):
     import json
 
@@ -221,10 +235,10 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
 
     monkeypatch.setattr(platform, "EmbeddedPlatform", Platform)
     monkeypatch.setattr(benchmarks, "host_leftovers", lambda: {k: set(v) for k, v in leftovers.items()})
-    assert nodes.main(["--runs", "2", "--idle-s", "0.01"]) == 1
+    assert nodes.main(["--runtime", "agent", "--runs", "2", "--idle-s", "0.01"]) == 1
     assert calls == ["down", "build", "up", "down", "up", "down"]
     report = json.loads(capsys.readouterr().out)
-    first, second = report["runs"]
+    first, second = report["runtimes"]["agent"]["runs"]
     assert first["rss_mib_node_layer"] == first["rss_mib_by_process"]["nodeagent"] > 0  # this process, measured
     assert first["left_after_down"]["cgroups"] == []
     assert second["left_after_down"]["cgroups"] == ["/sys/fs/cgroup/memory/rayproof-left"]
@@ -240,6 +254,6 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
     calls.clear()
     leftovers["cgroups"].clear()
     monkeypatch.setattr(Platform, "up", interrupted_up)
-    assert nodes.main(["--runs", "3", "--idle-s", "0.01"]) == 130
+    assert nodes.main(["--runtime", "agent", "--runs", "3", "--idle-s", "0.01"]) == 130
     assert calls == ["down", "build", "up", "down", "up", "down"]
-    assert json.loads(capsys.readouterr().out)["runs_finished"] == 1
+    assert json.loads(capsys.readouterr().out)["runtimes"]["agent"]["runs_finished"] == 1

@@ -105,7 +105,12 @@ BINARIES = (
     "ctr",
     "runc",
     "pause",
+    "fakegpu",
 )
+# Programs of our own built on the Kubernetes module graph, each a main package
+# committed under gomod/kubernetes/<name>/ (their sources are in the build key):
+# fakegpu, the nodes' GPU device plugin (nodes/README.md).
+OWN_KUBERNETES_PROGRAMS = ("fakegpu",)
 # CNI plugins, built into <bindir>/cni/ (containerd's CNI bin_dir is a
 # directory of plugins); ensure_built()'s "cni" is that directory.
 CNI_DIR = "cni"
@@ -317,7 +322,9 @@ def build_key(versions_bytes: bytes, goversion: str) -> str:
     h = hashlib.sha256()
     h.update(f"recipe={RECIPE}\ngo={goversion}\n".encode())
     h.update(versions_bytes)
-    for path in sorted(LOCKED_MODULES.rglob("go.*")):  # the committed go.mod and go.sum files
+    # The committed go.mod and go.sum files, and the Go sources of our own programs beside them.
+    for path in sorted(p for p in LOCKED_MODULES.rglob("*") if p.is_file() and (p.name.startswith("go.")
+                                                                                or p.suffix == ".go")):
         h.update(f"{path.relative_to(LOCKED_MODULES)}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -595,6 +602,8 @@ def _prepare(
             ]
         ldflags = " ".join(["-s", "-w", *xs])
         builds = [(b, p, pin.get("tags", ""), ldflags) for b, p in zip(bins, pkgs)]
+        # Our own programs on the same module graph, committed beside its go.mod (gomod/kubernetes/<name>/).
+        builds += [(b, f"{local}/{b}", "", "-s -w") for b in OWN_KUBERNETES_PROGRAMS]
     elif name == "etcd":
         text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [])
         _write_if_changed(mdir / "main.go", _ETCD_MAIN_GO)
@@ -647,6 +656,9 @@ def _prepare(
         raise ValueError(name)
 
     locked = locked or LOCKED_MODULES / name
+    for source in sorted(locked.rglob("*.go")):  # the consumer module's own programs
+        (mdir / source.relative_to(locked)).parent.mkdir(parents=True, exist_ok=True)
+        _write_if_changed(mdir / source.relative_to(locked), source.read_text())
     if relock:
         _write_if_changed(mdir / "go.mod", text)
         (mdir / "go.sum").unlink(missing_ok=True)

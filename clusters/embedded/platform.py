@@ -213,13 +213,15 @@ class EmbeddedPlatform:
 
         core = client.CoreV1Api(self.api_client())
         want = self.profile.node_count
+        gpus = self.profile.node_shape.get("nvidia.com/gpu")  # a real node has them once its plugin registered
 
         def ready_nodes() -> list[str]:
             return sorted(n.metadata.name for n in core.list_node().items
-                          if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []))
+                          if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+                          and (gpus is None or (n.status.capacity or {}).get("nvidia.com/gpu") == gpus))
 
         wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
-                 description=f"{want} Ready nodes of platform {self.name}")
+                 description=f"{want} Ready nodes of platform {self.name}" + (f" with {gpus} GPUs each" if gpus else ""))
 
     def _start_node_agents(self) -> None:
         """The node agent: one process acting as kubelet and runtime for every node."""
@@ -528,7 +530,8 @@ class EmbeddedPlatform:
         if self.profile.node_runtime == "kubelet":
             from clusters.embedded.nodes.layer import process_names
 
-            return ("podnet", *process_names(self.profile.node_count), "onboarding")
+            gpus = "nvidia.com/gpu" in self.profile.node_shape
+            return ("podnet", *process_names(self.profile.node_count, gpus), "onboarding")
         return NODE_LAYER_PROCESSES
 
     def rss_bytes(self) -> dict[str, int]:

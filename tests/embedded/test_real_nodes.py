@@ -102,6 +102,27 @@ def test_nodes_are_kubelets_on_containerd(platform: EmbeddedPlatform, core: clie
     assert "containerd://" in wide and versions["kubernetes"] in wide, wide
 
 
+def test_gpus_are_a_device_plugins_and_each_container_gets_distinct_ones(
+        platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
+    """kubelet advertises what the fake GPU plugin registered, and allocates each container its own ids."""
+    want = platform.profile.node_shape["nvidia.com/gpu"]
+    capacity = {n.metadata.name: n.status.capacity.get("nvidia.com/gpu") for n in core.list_node().items}
+    assert set(capacity.values()) == {want}, capacity
+    for name in ("gpu-a", "gpu-b"):
+        pod = shell_pod(name, 'echo "devices=$NVIDIA_VISIBLE_DEVICES"; sleep 3600', node=1)
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
+        core.create_namespaced_pod(namespace, pod)
+    seen = {}
+    for name in ("gpu-a", "gpu-b"):
+        line = wait_for(lambda n=name: core.read_namespaced_pod_log(n, namespace), lambda text: "devices=" in text,
+                        timeout=timeouts.POD_START, ignore=(client.ApiException,),
+                        description=f"pod {name} to print the GPUs it was given")
+        seen[name] = set(line.split("devices=", 1)[1].split()[0].split(","))
+    assert all(len(ids) == 3 for ids in seen.values()), seen
+    assert not seen["gpu-a"] & seen["gpu-b"], seen
+    assert all(i.startswith("rayproof-node-1-gpu-") for ids in seen.values() for i in ids), seen
+
+
 def test_a_container_over_its_memory_limit_is_oom_killed_by_the_kernel(
         core: client.CoreV1Api, namespace: str) -> None:
     """The kernel kills it (exit 137); kubelet reports OOMKilled, restarts it and keeps lastState."""

@@ -4,7 +4,8 @@ Called by :class:`clusters.embedded.platform.EmbeddedPlatform` once the
 control plane, the operators and the pod network's router run. Per node, in
 order: its network namespace (``fabric.py``), certificates from the
 platform's CA, its files and cgroup tree (``node.py``), containerd, the node
-images imported, kubelet. One ``apiproxy`` process serves the API server to
+images imported, kubelet, and (when the profile's node shape has
+``nvidia.com/gpu``) the fake GPU device plugin. One ``apiproxy`` process serves the API server to
 every node namespace. ``down`` stops kubelet and containerd like every
 platform process, then the cleanup registered per node kills what is left in
 its cgroup tree and removes its namespace.
@@ -32,9 +33,10 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
             for i in range(1, platform.profile.node_count + 1)]
 
 
-def process_names(count: int) -> list[str]:
+def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
-    return ["apiproxy", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in ("containerd", "kubelet"))]
+    kinds = ("containerd", "kubelet", "fakegpu") if gpus else ("containerd", "kubelet")
+    return ["apiproxy", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
 
 def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_env: dict[str, str]) -> None:
@@ -45,6 +47,7 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     binaries = platform.binaries()
     archives = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
     nodes = nodes_of(platform)
+    gpus = int(platform.profile.node_shape.get("nvidia.com/gpu", "0"))
     for node in nodes:
         # Registered after the pod network's teardown, so each runs before it: nodes go before the router.
         platform.register_cleanup("clusters.embedded.nodes.node:teardown", platform=platform.name,
@@ -78,4 +81,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
                                    f"{(done.stderr or done.stdout).strip()}")
         platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
                                exec_argvs=node.kubelet_exec_argvs(rec.pid))
+        if gpus:
+            argv = node.gpu_plugin_argv(rec.pid, gpus)
+            platform.start_process(f"fakegpu-{node.index}", argv, env=env_for("fakegpu"),
+                                   exec_argvs=[argv[4:], argv[8:]])
     progress(f"platform {platform.name}: {len(nodes)} kubelet nodes started (containerd, runc); waiting for Ready")

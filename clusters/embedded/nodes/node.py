@@ -17,7 +17,7 @@ Layout, all under the node's directory ``<run>/nodes/<name>/`` (``NodeDirs``):
   them, so it changes nothing on the machine (a real node would be changed).
 * The **cgroup tree** ``/rayproof-<platform>-<node>`` exists in every cgroup v1
   hierarchy: containerd (and the shims it starts) in ``runtime/``, kubelet in
-  ``kubelet/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
+  ``kubelet/``, the GPU device plugin in ``plugins/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
   kills every process in the tree, which stops the pods whatever state
   kubelet and containerd were left in.
 """
@@ -207,7 +207,7 @@ state = "/run/containerd"
         return "\n".join(lines)
 
     def _make_cgroups(self) -> None:
-        for leaf in ("", "runtime", "kubelet"):
+        for leaf in ("", "runtime", "kubelet", "plugins"):
             for path in self.cgroup_dirs(leaf):
                 path.mkdir(exist_ok=True)
                 if path.parent.name != "" and (path / "cpuset.cpus").exists():
@@ -236,6 +236,12 @@ state = "/run/containerd"
     def kubelet_exec_argvs(self, containerd_pid: int) -> list[list[str]]:
         argv = self.kubelet_argv(containerd_pid)
         return [argv[4:], argv[8:]]
+
+    def gpu_plugin_argv(self, containerd_pid: int, count: int) -> list[str]:
+        """The fake GPU device plugin (``gomod/kubernetes/fakegpu``), in the node's namespaces."""
+        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
+                "/bin/sh", str(self.dir / "enter.sh"), "plugins", "plain",
+                str(self.bin_dir / "fakegpu"), "--count", str(count), "--id-prefix", f"{self.name}-"]
 
     def ctr(self, containerd_pid: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd (inside its namespaces)."""
