@@ -110,9 +110,23 @@ def busybox_version() -> str:
     if not BUSYBOX.is_file():
         raise FileNotFoundError(f"{BUSYBOX} is missing: the real nodes' shell image is made from Debian's "
                                 "busybox-static (apt-get install -y busybox-static; bin/rayproof does it as root)")
+    if _elf_interpreter(BUSYBOX.read_bytes()):
+        raise RuntimeError(f"{BUSYBOX} is dynamically linked (Debian's busybox, not busybox-static): an image "
+                           "holding it alone could not start; apt-get install -y busybox-static")
     head = subprocess.run([str(BUSYBOX)], capture_output=True, text=True).stdout.splitlines()
     words = head[0].split() if head else []
     return words[1].lstrip("v").split("-")[0] if len(words) > 1 else "unknown"
+
+
+def _elf_interpreter(elf: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF file names a program interpreter (is dynamically linked)."""
+    import struct
+
+    if elf[:4] != b"\x7fELF" or elf[4] != 2:
+        raise ValueError("not a 64-bit ELF file")
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3 for i in range(phnum))  # PT_INTERP
 
 
 def _busybox_layer() -> bytes:
