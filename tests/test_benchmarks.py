@@ -187,9 +187,9 @@ def test_the_nodes_bench_counts_what_a_node_layer_process_started_and_sums_only_
 def test_the_nodes_bench_sets_each_runtimes_node_layer_side_by_side():
     from benchmarks.nodes import node_layer, side_by_side
 
-    names = ["etcd", "kube-apiserver", "podnet", "apiproxy", "containerd-1", "kubelet-1", "containerd-2",
+    names = ["etcd", "kube-apiserver", "podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
              "kubelet-2", "onboarding", "kueue"]
-    assert node_layer("kubelet", names) == ["podnet", "apiproxy", "containerd-1", "kubelet-1", "containerd-2",
+    assert node_layer("kubelet", names) == ["podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
                                             "kubelet-2"]
     assert node_layer("agent", ["nodeagent", "podnet", "kueue"]) == ["nodeagent", "podnet"]
     table = side_by_side({"agent": {"runs": [{"up_s": 20.0}, {"up_s": 22.0}, {"up_s": 19.0}]},

@@ -40,3 +40,16 @@ def test_a_dynamically_linked_binary_is_refused_for_an_image_of_one_file() -> No
     assert images._elf_interpreter(Path("/bin/ls").read_bytes())  # Debian's ls needs ld.so and libc
     with pytest.raises(ValueError):
         images._elf_interpreter(b"#!/bin/sh\n")
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("docker.io/library/busybox:1.35.0", ("library/busybox", "1.35.0")),
+    ("busybox:1.35.0", ("library/busybox", "1.35.0")),
+    ("rayproject/ray:2.60.0", ("rayproject/ray", "2.60.0")),
+    ("registry.k8s.io/pause:3.10.1", ("pause", "3.10.1")),
+    ("localhost:5000/team/app", ("team/app", "latest")),
+])
+def test_an_image_name_maps_to_the_repository_containerd_asks_a_mirror_for(name, expected) -> None:
+    from clusters.embedded.nodes.registry import repository
+
+    assert repository(name) == expected

@@ -79,10 +79,10 @@ RECIPE = "3"
 # them read-only (-mod=readonly), so every module and its hash is fixed in the
 # repository; `python -m clusters.embedded.build --relock` rewrites them.
 LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
-COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause")
+COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause", "registry")
 # The platform's recorded pins (pinned_versions()); the rest is the node layer.
 PLATFORM_COMPONENTS = ("kubernetes", "etcd", "kuberay", "kueue")
-NODE_COMPONENTS = ("containerd", "runc", "cni", "pause")
+NODE_COMPONENTS = ("containerd", "runc", "cni", "pause", "registry")
 # KubeRay operator versions the embedded platform can be upgraded to
 # (`certify --upgrade-to`), each a consumer module locked the same way in
 # upgrades/kuberay-<version>/ (`--relock-kuberay VERSION` writes it). Kept
@@ -106,6 +106,7 @@ BINARIES = (
     "runc",
     "pause",
     "fakegpu",
+    "registry",
 )
 # Programs of our own built on the Kubernetes module graph, each a main package
 # committed under gomod/kubernetes/<name>/ (their sources are in the build key):
@@ -648,6 +649,10 @@ def _prepare(
         text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], pkgs)
         ldflags = f"-s -w -X {mod}/pkg/utils/buildversion.BuildVersion={ver}"
         builds = [(f"{CNI_DIR}/{p}", pkg, "", ldflags) for p, pkg in zip(plugins, pkgs)]
+    elif name == "registry":
+        pkg = f"{mod}/cmd/registry"
+        text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [pkg])
+        builds = [("registry", pkg, "", f"-s -w -X {mod}/version.version={ver} -X {mod}/version.mainpkg={mod}")]
     elif name == "pause":
         text = _gomod(local, go_line, godebug, [], [])
         _write_if_changed(mdir / "main.go", _PAUSE_MAIN_GO)

@@ -4,7 +4,8 @@ One platform of two real nodes for the module (its own name and run
 directory, so it never meets the session's platform), brought up under a host
 slot. What is checked is what the node agent can only imitate: the container
 runtime's answers reaching the API through kubelet (an OOM kill's 137 and
-``lastState``, an image pull's failure and back-off), kubelet's own server
+``lastState``, images pulled from the platform's registry and a pull's
+failure and back-off), kubelet's own server
 (``logs``, ``exec``), pods of two nodes talking across the router through a
 Service and cluster DNS, a NetworkPolicy dropping that traffic, and a
 ``down`` that leaves nothing on the machine.
@@ -102,6 +103,22 @@ def test_nodes_are_kubelets_on_containerd(platform: EmbeddedPlatform, core: clie
     assert "containerd://" in wide and versions["kubernetes"] in wide, wide
 
 
+def test_a_node_pulls_its_images_from_the_platforms_registry(core: client.CoreV1Api, namespace: str) -> None:
+    """The first pod on a node: kubelet pulls the shell image (and the sandbox image) from the registry."""
+    core.create_namespaced_pod(namespace, shell_pod("first", "sleep 3600", node=NODES))
+    wait_for(lambda: core.read_namespaced_pod("first", namespace).status.phase, lambda phase: phase == "Running",
+             timeout=timeouts.POD_START, description="pod first Running")
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=first").items
+    pulled = [e.message for e in events if e.reason == "Pulled" and "Successfully pulled" in e.message]
+    assert pulled and f"busybox:{busybox_version()}" in pulled[0], [(e.reason, e.message) for e in events]
+
+    def node_images() -> set[str]:
+        node = core.read_node(f"rayproof-node-{NODES}")
+        return {n for image in node.status.images or [] for n in image.names}
+    wait_for(node_images, lambda names: "registry.k8s.io/pause:3.10.1" in names,
+             timeout=timeouts.CONTAINER_TRANSITION, description="the node's status to list the sandbox image it pulled")
+
+
 def test_gpus_are_a_device_plugins_and_each_container_gets_distinct_ones(
         platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
     """kubelet advertises what the fake GPU plugin registered, and allocates each container its own ids."""
@@ -136,7 +153,7 @@ def test_a_container_over_its_memory_limit_is_oom_killed_by_the_kernel(
     assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137), terminated
 
 
-def test_an_image_no_registry_has_fails_to_pull_then_backs_off(core: client.CoreV1Api, namespace: str) -> None:
+def test_an_image_the_registry_does_not_hold_fails_to_pull_then_backs_off(core: client.CoreV1Api, namespace: str) -> None:
     core.create_namespaced_pod(namespace, shell_pod("nopull", "true", image="rayproof.invalid/none/such:1"))
     seen: set[str] = set()
 
@@ -150,8 +167,9 @@ def test_an_image_no_registry_has_fails_to_pull_then_backs_off(core: client.Core
     wait_for(reason, lambda _: {"ErrImagePull", "ImagePullBackOff"} <= seen, timeout=timeouts.CONTAINER_TRANSITION,
              description="pod nopull to show ErrImagePull, then ImagePullBackOff")
     events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=nopull").items
-    assert any(e.source.component == "kubelet" and e.reason == "Failed" for e in events), \
-        [(e.source.component, e.reason, e.message) for e in events]
+    # The registry's own answer, through containerd and kubelet: the repository is not there.
+    assert any(e.source.component == "kubelet" and e.reason == "Failed" and "not found" in e.message
+               for e in events), [(e.source.component, e.reason, e.message) for e in events]
 
 
 def test_logs_and_exec_are_served_by_kubelet(platform: EmbeddedPlatform, core: client.CoreV1Api,

@@ -3,5 +3,6 @@
 Selected by the profile's ``nodes.runtime: kubelet``; ``layer.start`` brings
 it up. See ``fabric.py`` (the nodes' network), ``node.py`` (one node's
 namespaces, files, cgroups and teardown), ``images.py`` (the images the
-nodes start from) and ``apiproxy.py`` (the API server inside node namespaces).
+nodes start from), ``registry.py`` (where they pull them from) and
+``relay.py`` (the API server and the registry inside node namespaces).
 """

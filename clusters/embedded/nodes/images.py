@@ -5,10 +5,8 @@ network): the sandbox image ``registry.k8s.io/pause:3.10.1`` holds the
 ``pause`` program built with the platform (``build.py``), and the shell image
 ``docker.io/library/busybox:<version>`` holds Debian's static busybox with one
 link per applet. Archives are written once per content key under
-``<cache>/images/`` and imported into each node's containerd with
-``ctr images import``; a pod naming any other image pulls it from the
-registries containerd is told about (``hosts.toml``): none answers yet, so the
-pull fails as on an offline node (``ErrImagePull``, then ``ImagePullBackOff``).
+``<cache>/images/`` and pushed to the nodes' registry (``registry.py``),
+from which every node pulls them as any node pulls its images.
 """
 from __future__ import annotations
 

@@ -3,21 +3,24 @@
 Called by :class:`clusters.embedded.platform.EmbeddedPlatform` once the
 control plane, the operators and the pod network's router run. Per node, in
 order: its network namespace (``fabric.py``), certificates from the
-platform's CA, its files and cgroup tree (``node.py``), containerd, the node
-images imported, kubelet, and (when the profile's node shape has
-``nvidia.com/gpu``) the fake GPU device plugin. One ``apiproxy`` process serves the API server to
-every node namespace. ``down`` stops kubelet and containerd like every
+platform's CA, its files and cgroup tree (``node.py``); then the registry
+with the node images pushed (``registry.py``, ``images.py``) and one
+``relay`` process serving the API server and the registry inside every node
+namespace; then per node containerd, kubelet and (when the profile's node
+shape has ``nvidia.com/gpu``) the fake GPU device plugin. Nodes pull their
+images, the sandbox image included, from the registry as any node does. ``down`` stops kubelet and containerd like every
 platform process, then the cleanup registered per node kills what is left in
 its cgroup tree and removes its namespace.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
-from clusters.embedded.nodes import images as images_mod
-from clusters.embedded.nodes.node import API_SERVER_PORT, Node, env_for
+from clusters.embedded.nodes import images as images_mod, registry, relay
+from clusters.embedded.nodes.node import Node, env_for
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -36,7 +39,35 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
     kinds = ("containerd", "kubelet", "fakegpu") if gpus else ("containerd", "kubelet")
-    return ["apiproxy", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
+    return ["registry", "relay", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
+
+
+def _start_registry(platform: "EmbeddedPlatform", binaries: dict, archives: list, progress) -> int:
+    """The registry on a free loopback port, the node images pushed to it; returns its port."""
+    import urllib.request
+
+    from clusters.embedded.controlplane import free_ports
+
+    port, = free_ports(1)
+    storage = build.cache_root() / "registry"
+    storage.mkdir(parents=True, exist_ok=True)
+    cfg = platform.run_dir / "registry.yml"
+    cfg.write_text(registry.config_yaml(storage, port))
+    rec = platform.start_process("registry", [str(binaries["registry"]), "serve", str(cfg)], env=env_for("registry"))
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> int:
+        with urllib.request.urlopen(f"{base}/v2/", timeout=5) as resp:
+            return resp.status
+    wait_for(answers, lambda status: status == 200, timeout=timeouts.OPERATORS_START,
+             description=f"the node registry answering on {base} (log {rec.log})")
+    for archive in archives:
+        t0 = time.monotonic()
+        sent = registry.push(archive.path, archive.name, base)
+        if sent:
+            progress(f"pushed {archive.name} to the node registry: {sent / 2**20:.1f} MiB in "
+                     f"{time.monotonic() - t0:.1f}s")
+    return port
 
 
 def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_env: dict[str, str]) -> None:
@@ -55,18 +86,20 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         node.net.create()
         certs = platform.issue_node_certs(node.name, [node.net.ip])
         node.dir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = write_kubeconfig(node.dir / "node.kubeconfig", f"https://127.0.0.1:{API_SERVER_PORT}",
+        kubeconfig = write_kubeconfig(node.dir / "node.kubeconfig", f"https://127.0.0.1:{relay.API_SERVER_PORT}",
                                       platform.ca_file, certs.client, f"system:node:{node.name}")
         node.prepare(ca_file=platform.ca_file, kubeconfig=kubeconfig,
                      serving_cert=certs.serving.cert, serving_key=certs.serving.key)
 
-    ready = platform.run_dir / "apiproxy.ready"
+    registry_port = _start_registry(platform, binaries, archives, progress)
+    ready = platform.run_dir / "relay.ready"
     api_port = int(platform.api_server_url.rsplit(":", 1)[1])
-    platform.start_process("apiproxy", [sys.executable, "-m", "clusters.embedded.nodes.apiproxy",
-                                        "--upstream-port", str(api_port), "--ready", str(ready),
-                                        *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
+    platform.start_process("relay", [sys.executable, "-m", "clusters.embedded.nodes.relay", "--ready", str(ready),
+                                     "--forward", f"{relay.API_SERVER_PORT}={api_port}",
+                                     "--forward", f"{relay.REGISTRY_PORT}={registry_port}",
+                                     *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
     wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
-             description=f"the API server's listeners in the node namespaces of platform {platform.name}")
+             description=f"the API server's and registry's listeners in the node namespaces of {platform.name}")
 
     for node in nodes:
         rec = platform.start_process(f"containerd-{node.index}", node.containerd_argv(),
@@ -74,11 +107,6 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         wait_for(lambda: node.ctr(rec.pid, "version", timeout=10), lambda r: r.returncode == 0,
                  timeout=timeouts.OPERATORS_START,
                  description=f"containerd of {node.name} answering on its socket (log {rec.log})")
-        for archive in archives:
-            done = node.ctr(rec.pid, "images", "import", str(archive.path))
-            if done.returncode != 0:
-                raise RuntimeError(f"importing {archive.name} into {node.name}'s containerd failed: "
-                                   f"{(done.stderr or done.stdout).strip()}")
         platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
                                exec_argvs=node.kubelet_exec_argvs(rec.pid))
         if gpus:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Mapping
 
 from clusters.embedded.nodes.fabric import NodeNet
+from clusters.embedded.nodes.relay import REGISTRY_PORT
 from clusters.embedded.podnet.dns import DOMAIN
 from clusters.embedded.podnet.network import DNS_IP
 from rayproof import timeouts
@@ -42,7 +43,6 @@ from rayproof.waiting import wait_for
 CGROUP_FS = Path("/sys/fs/cgroup")
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"  # inside the node's mount namespace
 KUBELET_PORT = 10250
-API_SERVER_PORT = 6443  # the API server, as seen from inside a node namespace (apiproxy.py)
 # kubelet's desired values (pkg/kubelet/cm/container_manager_linux.go setupKernelTunables).
 KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
                    "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
@@ -106,10 +106,10 @@ class Node:
         for key, value in KERNEL_TUNABLES.items():
             (d / "sysctl" / key.replace("/", ".")).write_text(value + "\n")
         (d / "cni/net.d/10-rayproof.conflist").write_text(json.dumps(self.net.cni_config(), indent=1))
-        # No registry answers yet: every pull of an image not imported fails at once on the node's
-        # own loopback, and no lookup leaves the machine.
+        # Every registry name goes to the platform's registry (relay.py), so no lookup leaves the machine.
+        registry = f"http://127.0.0.1:{REGISTRY_PORT}"
         (d / "certs.d/_default/hosts.toml").write_text(
-            'server = "http://127.0.0.1:9"\n\n[host."http://127.0.0.1:9"]\n  capabilities = ["pull", "resolve"]\n')
+            f'server = "{registry}"\n\n[host."{registry}"]\n  capabilities = ["pull", "resolve"]\n')
         (d / "containerd.toml").write_text(self._containerd_toml())
         (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key))
         shutil.copyfile(kubeconfig, d / "kubelet.kubeconfig")
@@ -341,5 +341,8 @@ def teardown(platform: str, name: str, index: int, node_dir: str) -> None:
 
 def env_for(kind: str) -> Mapping[str, str]:
     """Environment of a node program: a plain PATH (kubelet and containerd look up mount, iptables, nsenter)."""
+    extra = {"containerd": {"GOTRACEBACK": "all"},
+             # distribution exports OpenTelemetry traces to localhost:4318 unless told not to.
+             "registry": {"OTEL_TRACES_EXPORTER": "none"}}.get(kind, {})
     return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-            "LANG": "C.UTF-8", **({"GOTRACEBACK": "all"} if kind == "containerd" else {})}
+            "LANG": "C.UTF-8", **extra}
