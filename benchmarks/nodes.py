@@ -60,7 +60,7 @@ def node_layer(runtime: str, names: Iterable[str]) -> list[str]:
     """Which of the platform's processes are its node layer, for ``runtime``."""
     if runtime == "agent":
         return [n for n in NODE_LAYER if n in names]
-    return [n for n in names if n in ("podnet", "relay", "registry") or n.startswith(("containerd-", "kubelet-", "fakegpu-"))]
+    return [n for n in names if n in ("podnet", "relay", "registry") or n.startswith(("containerd-", "kubelet-", "kube-proxy-", "fakegpu-"))]
 
 
 def _tree_sum(pids: dict[str, int], measure: Callable[[psutil.Process], float]) -> dict[str, float]:
@@ -153,7 +153,8 @@ def node_layer_build_s(binaries: dict[str, Any]) -> dict[str, float]:
         return {}
     seconds = build.build_info(Path(binaries["kubelet"]).parent).get("seconds", {})
     mine = {k: v for k, v in seconds.items() if not k.endswith(":modules") and (
-        k in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "pause")
+        k in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "pause", "fakegpu",
+              "registry")
         or k.startswith("cni/"))}
     return {**mine, "total": round(sum(mine.values()), 1)}
 

@@ -7,7 +7,8 @@ runtime's answers reaching the API through kubelet (an OOM kill's 137 and
 ``lastState``, images pulled from the platform's registry and a pull's
 failure and back-off), kubelet's own server
 (``logs``, ``exec``), pods of two nodes talking across the router through a
-Service and cluster DNS, a NetworkPolicy dropping that traffic, and a
+Service (kube-proxy's rules in the node) and cluster DNS, a NetworkPolicy
+dropping that traffic, and a
 ``down`` that leaves nothing on the machine.
 """
 from __future__ import annotations
@@ -209,6 +210,10 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
         got = wait_for(lambda p=pod: fetch(p), lambda r: "served-by-server" in r.stdout,
                        timeout=timeouts.CONTAINER_TRANSITION, description=f"{pod} to fetch from server through Service web")
         assert got.returncode == 0
+    # kube-proxy of the client's node holds the Service's rules: the DNAT happens before the packet leaves it.
+    cluster_ip = core.read_namespaced_service("web", namespace).spec.cluster_ip
+    nat = _host.iptables_save(NodeNet(platform.name, NODES).netns, "nat")
+    assert f"-d {cluster_ip}/32" in nat and "KUBE-SVC-" in nat, nat
     client.NetworkingV1Api(platform.api_client()).create_namespaced_network_policy(namespace, {
         "metadata": {"name": "deny-ingress", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"]}})

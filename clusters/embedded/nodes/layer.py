@@ -6,8 +6,8 @@ order: its network namespace (``fabric.py``), certificates from the
 platform's CA, its files and cgroup tree (``node.py``); then the registry
 with the node images pushed (``registry.py``, ``images.py``) and one
 ``relay`` process serving the API server and the registry inside every node
-namespace; then per node containerd, kubelet and (when the profile's node
-shape has ``nvidia.com/gpu``) the fake GPU device plugin. Nodes pull their
+namespace; then per node containerd, kubelet, kube-proxy and (when the
+profile's node shape has ``nvidia.com/gpu``) the fake GPU device plugin. Nodes pull their
 images, the sandbox image included, from the registry as any node does. ``down`` stops kubelet and containerd like every
 platform process, then the cleanup registered per node kills what is left in
 its cgroup tree and removes its namespace.
@@ -38,7 +38,7 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 
 def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
-    kinds = ("containerd", "kubelet", "fakegpu") if gpus else ("containerd", "kubelet")
+    kinds = ("containerd", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
     return ["registry", "relay", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
 
@@ -79,6 +79,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     archives = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
     nodes = nodes_of(platform)
     gpus = int(platform.profile.node_shape.get("nvidia.com/gpu", "0"))
+    # kube-proxy's identity, bound by the API server's bootstrap policy to system:node-proxier.
+    proxy_cert = platform.pki.ca.issue(platform.run_dir / "pki", "kube-proxy", "system:kube-proxy", client=True)
     for node in nodes:
         # Registered after the pod network's teardown, so each runs before it: nodes go before the router.
         platform.register_cleanup("clusters.embedded.nodes.node:teardown", platform=platform.name,
@@ -88,7 +90,10 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         node.dir.mkdir(parents=True, exist_ok=True)
         kubeconfig = write_kubeconfig(node.dir / "node.kubeconfig", f"https://127.0.0.1:{relay.API_SERVER_PORT}",
                                       platform.ca_file, certs.client, f"system:node:{node.name}")
-        node.prepare(ca_file=platform.ca_file, kubeconfig=kubeconfig,
+        proxy_kubeconfig = write_kubeconfig(node.dir / "kube-proxy.kubeconfig",
+                                            f"https://127.0.0.1:{relay.API_SERVER_PORT}", platform.ca_file,
+                                            proxy_cert, "system:kube-proxy")
+        node.prepare(ca_file=platform.ca_file, kubeconfig=kubeconfig, proxy_kubeconfig=proxy_kubeconfig,
                      serving_cert=certs.serving.cert, serving_key=certs.serving.key)
 
     registry_port = _start_registry(platform, binaries, archives, progress)
@@ -109,6 +114,9 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
                  description=f"containerd of {node.name} answering on its socket (log {rec.log})")
         platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
                                exec_argvs=node.kubelet_exec_argvs(rec.pid))
+        argv = node.kube_proxy_argv(rec.pid)
+        platform.start_process(f"kube-proxy-{node.index}", argv, env=env_for("kube-proxy"),
+                               exec_argvs=[argv[4:], argv[8:]])
         if gpus:
             argv = node.gpu_plugin_argv(rec.pid, gpus)
             platform.start_process(f"fakegpu-{node.index}", argv, env=env_for("fakegpu"),

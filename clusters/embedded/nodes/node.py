@@ -17,7 +17,7 @@ Layout, all under the node's directory ``<run>/nodes/<name>/`` (``NodeDirs``):
   them, so it changes nothing on the machine (a real node would be changed).
 * The **cgroup tree** ``/rayproof-<platform>-<node>`` exists in every cgroup v1
   hierarchy: containerd (and the shims it starts) in ``runtime/``, kubelet in
-  ``kubelet/``, the GPU device plugin in ``plugins/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
+  ``kubelet/``, kube-proxy in ``kube-proxy/``, the GPU device plugin in ``plugins/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
   kills every process in the tree, which stops the pods whatever state
   kubelet and containerd were left in.
 """
@@ -36,7 +36,7 @@ from typing import Mapping
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.relay import REGISTRY_PORT
 from clusters.embedded.podnet.dns import DOMAIN
-from clusters.embedded.podnet.network import DNS_IP
+from clusters.embedded.podnet.network import DNS_IP, POD_CIDR
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -96,7 +96,8 @@ class Node:
 
     # -- files ------------------------------------------------------------------------
 
-    def prepare(self, *, ca_file: Path, kubeconfig: Path, serving_cert: Path, serving_key: Path) -> None:
+    def prepare(self, *, ca_file: Path, kubeconfig: Path, serving_cert: Path, serving_key: Path,
+                proxy_kubeconfig: Path) -> None:
         """Write every file the node's programs read, and make its cgroup tree."""
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
@@ -113,6 +114,7 @@ class Node:
         (d / "containerd.toml").write_text(self._containerd_toml())
         (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key))
         shutil.copyfile(kubeconfig, d / "kubelet.kubeconfig")
+        (d / "kube-proxy.yaml").write_text(self._kube_proxy_yaml(proxy_kubeconfig))
         (d / "enter.sh").write_text(self._enter_script())
         self._make_cgroups()
 
@@ -186,6 +188,27 @@ state = "/run/containerd"
         }
         return yaml.safe_dump(cfg, sort_keys=False)
 
+    def _kube_proxy_yaml(self, kubeconfig: Path) -> str:
+        import yaml
+
+        cfg = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "hostnameOverride": self.name,
+            "bindAddress": self.net.ip,
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": "127.0.0.1:10249",
+            "mode": "iptables",
+            "clusterCIDR": POD_CIDR,
+            "nodePortAddresses": ["primary"],  # the node's own address, not every local one
+            # nf_conntrack_max is machine-wide: 0 leaves it as it is (kube-proxy would raise it).
+            "conntrack": {"maxPerCore": 0, "min": 0},
+            # No CAP_SYS_RESOURCE here to lower it to kube-proxy's -999.
+            "oomScoreAdj": 0,
+        }
+        return yaml.safe_dump(cfg, sort_keys=False)
+
     def _enter_script(self) -> str:
         d = self.dir
         binds = [("run", "/run"), ("var-lib", "/var/lib"), ("var-log", "/var/log")]
@@ -207,7 +230,7 @@ state = "/run/containerd"
         return "\n".join(lines)
 
     def _make_cgroups(self) -> None:
-        for leaf in ("", "runtime", "kubelet", "plugins"):
+        for leaf in ("", "runtime", "kubelet", "kube-proxy", "plugins"):
             for path in self.cgroup_dirs(leaf):
                 path.mkdir(exist_ok=True)
                 if path.parent.name != "" and (path / "cpuset.cpus").exists():
@@ -236,6 +259,12 @@ state = "/run/containerd"
     def kubelet_exec_argvs(self, containerd_pid: int) -> list[list[str]]:
         argv = self.kubelet_argv(containerd_pid)
         return [argv[4:], argv[8:]]
+
+    def kube_proxy_argv(self, containerd_pid: int) -> list[str]:
+        """kube-proxy (iptables mode) in the node's namespaces: Services are DNATed in the node."""
+        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
+                "/bin/sh", str(self.dir / "enter.sh"), "kube-proxy", "plain",
+                str(self.bin_dir / "kube-proxy"), "--config", str(self.dir / "kube-proxy.yaml")]
 
     def gpu_plugin_argv(self, containerd_pid: int, count: int) -> list[str]:
         """The fake GPU device plugin (``gomod/kubernetes/fakegpu``), in the node's namespaces."""
