@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
+from clusters.embedded import build
+
+PAUSE_IMAGE = build.load_versions()["pause"]["image"]  # the sandbox image containerd is told to use
 BUSYBOX = Path("/bin/busybox")
 # Bump when the archives' layout changes, so old cached archives are not reused.
 RECIPE = "1"

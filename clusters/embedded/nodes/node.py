@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Mapping
 
 from clusters.embedded.nodes.fabric import NodeNet
+from clusters.embedded.nodes.images import PAUSE_IMAGE
 from clusters.embedded.nodes.relay import REGISTRY_PORT
 from clusters.embedded.podnet.dns import DOMAIN
 from clusters.embedded.podnet.network import DNS_IP, POD_CIDR
@@ -135,7 +136,7 @@ state = "/run/containerd"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "registry.k8s.io/pause:3.10.1"
+    sandbox = "{PAUSE_IMAGE}"
   [plugins.'io.containerd.cri.v1.images'.registry]
     config_path = "{d / 'certs.d'}"
 
