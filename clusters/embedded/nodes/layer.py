@@ -1,16 +1,17 @@
 """Bringing up the real node layer of an embedded platform (profile ``nodes.runtime: kubelet``).
 
 Called by :class:`clusters.embedded.platform.EmbeddedPlatform` once the
-control plane, the operators and the pod network's router run. Per node, in
-order: its network namespace (``fabric.py``), certificates from the
-platform's CA, its files and cgroup tree (``node.py``); then the registry
+control plane, the operators and the pod network's router run. First, per
+node: its network namespace (``fabric.py``), certificates from the
+platform's CA, its files and cgroup tree (``node.py``). Then the registry
 with the node images pushed (``registry.py``, ``images.py``) and one
 ``relay`` process serving the API server and the registry inside every node
-namespace; then per node containerd, kubelet, kube-proxy and (when the
-profile's node shape has ``nvidia.com/gpu``) the fake GPU device plugin. Nodes pull their
-images, the sandbox image included, from the registry as any node does. ``down`` stops kubelet and containerd like every
-platform process, then the cleanup registered per node kills what is left in
-its cgroup tree and removes its namespace.
+namespace. Then per node containerd, kubelet, kube-proxy and (when the
+profile's node shape has ``nvidia.com/gpu``) the fake GPU device plugin.
+Nodes pull their images, the sandbox image included, from the registry as
+any node does. ``down`` stops these programs like every platform process;
+then the cleanup registered per node kills what is left in its cgroup tree
+(shims, pods) and removes its namespace.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod, registry, relay
-from clusters.embedded.nodes.node import Node, env_for
+from clusters.embedded.nodes.node import Node, env_for, v1_hierarchies
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -75,6 +76,9 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
 
     from clusters.embedded.controlplane import write_kubeconfig
 
+    if not v1_hierarchies():
+        raise RuntimeError("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
+                           "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")
     binaries = platform.binaries()
     archives = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
     nodes = nodes_of(platform)
