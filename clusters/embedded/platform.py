@@ -363,6 +363,10 @@ class EmbeddedPlatform:
                 raise PlatformInUse(f"platform {self.name} cannot be replaced ({reason}): test sessions "
                                     f"{users} still use it; wait for them to end, or stop them, then run again "
                                     f"(`bin/rayproof down --name {self.name}` takes it down under them)")
+            if self.profile.node_runtime == "kubelet":
+                from clusters.embedded.nodes.layer import check_machine
+
+                check_machine()  # before anything is cleared or started
             if self.run_dir.exists():
                 self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
                 self._teardown()

@@ -71,14 +71,18 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, archives: list
     return port
 
 
+def check_machine() -> None:
+    """Raise, saying what to do, when this machine cannot run the real nodes (before anything is started)."""
+    if not v1_hierarchies():
+        raise RuntimeError("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
+                           "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")
+
+
 def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_env: dict[str, str]) -> None:
     import sys
 
     from clusters.embedded.controlplane import write_kubeconfig
 
-    if not v1_hierarchies():
-        raise RuntimeError("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
-                           "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")
     binaries = platform.binaries()
     archives = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
     nodes = nodes_of(platform)
