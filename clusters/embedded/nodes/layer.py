@@ -96,12 +96,12 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         node.net.create()
         certs = platform.issue_node_certs(node.name, [node.net.ip])
         node.dir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = write_kubeconfig(node.dir / "node.kubeconfig", f"https://127.0.0.1:{relay.API_SERVER_PORT}",
-                                      platform.ca_file, certs.client, f"system:node:{node.name}")
+        write_kubeconfig(node.dir / "kubelet.kubeconfig", f"https://127.0.0.1:{relay.API_SERVER_PORT}",
+                         platform.ca_file, certs.client, f"system:node:{node.name}")
         proxy_kubeconfig = write_kubeconfig(node.dir / "kube-proxy.kubeconfig",
                                             f"https://127.0.0.1:{relay.API_SERVER_PORT}", platform.ca_file,
                                             proxy_cert, "system:kube-proxy")
-        node.prepare(ca_file=platform.ca_file, kubeconfig=kubeconfig, proxy_kubeconfig=proxy_kubeconfig,
+        node.prepare(ca_file=platform.ca_file, proxy_kubeconfig=proxy_kubeconfig,
                      serving_cert=certs.serving.cert, serving_key=certs.serving.key)
 
     registry_port = _start_registry(platform, binaries, archives, progress)

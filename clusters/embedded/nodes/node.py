@@ -27,7 +27,6 @@ import json
 import os
 import signal
 import shlex
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,9 +96,9 @@ class Node:
 
     # -- files ------------------------------------------------------------------------
 
-    def prepare(self, *, ca_file: Path, kubeconfig: Path, serving_cert: Path, serving_key: Path,
-                proxy_kubeconfig: Path) -> None:
-        """Write every file the node's programs read, and make its cgroup tree."""
+    def prepare(self, *, ca_file: Path, serving_cert: Path, serving_key: Path, proxy_kubeconfig: Path) -> None:
+        """Write every file the node's programs read, and make its cgroup tree
+        (the caller has written kubelet's kubeconfig, ``kubelet.kubeconfig``)."""
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
         (d / HOST_PATHS_BEFORE).write_text(json.dumps(host_leaks()))
@@ -114,7 +113,6 @@ class Node:
             f'server = "{registry}"\n\n[host."{registry}"]\n  capabilities = ["pull", "resolve"]\n')
         (d / "containerd.toml").write_text(self._containerd_toml())
         (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key))
-        shutil.copyfile(kubeconfig, d / "kubelet.kubeconfig")
         (d / "kube-proxy.yaml").write_text(self._kube_proxy_yaml(proxy_kubeconfig))
         (d / "enter.sh").write_text(self._enter_script())
         self._make_cgroups()
