@@ -35,7 +35,8 @@ from fixtures.sharing import host_slot
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+# One xdist worker takes the whole module, so its platform of real nodes is brought up once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real-nodes")]
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = secrets.token_hex(3)
