@@ -130,7 +130,8 @@ def test_pause_is_static_and_exits_on_sigterm(built: dict[str, pathlib.Path], tm
     assert b"ld-linux" not in pause.read_bytes()
     assert "\tbuild\tCGO_ENABLED=0\n" in _build_info(pause)
     proc = subprocess.Popen([str(pause)], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    # pause writes its warning once its signal handlers are in place (EOF here if it died first).
+    assert proc.stderr.readline().strip() == "pause: warning: not running as PID 1"
     assert proc.poll() is None, "pause exited by itself"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0

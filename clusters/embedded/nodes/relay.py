@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clusters.embedded.podnet import _host
-from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, copy_stream
+from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, splice
 
 API_SERVER_PORT = 6443  # the API server, as seen from inside a node namespace
 REGISTRY_PORT = 5000  # the image registry, as seen from inside a node namespace
@@ -49,10 +49,7 @@ def relay(client: socket.socket, upstream_port: int) -> None:
         client.close()
         return
     upstream.settimeout(None)
-    t = threading.Thread(target=copy_stream, args=(upstream, client), daemon=True, name="relay-copy")
-    t.start()
-    copy_stream(client, upstream)
-    t.join()
+    splice(client, upstream, "relay-copy")
     upstream.close()
     client.close()
 

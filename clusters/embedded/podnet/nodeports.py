@@ -42,7 +42,7 @@ from typing import Iterable, Mapping
 
 from clusters.embedded.podnet import _host
 from clusters.embedded.podnet.model import Endpoint, Service
-from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, copy_stream
+from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, splice
 from clusters.embedded.podnet.services import ready_endpoints
 
 log = logging.getLogger(__name__)
@@ -186,10 +186,7 @@ class NodePortForwarder:
                 if self._stopping.is_set():
                     return
                 self._open.add(upstream)
-            t = threading.Thread(target=copy_stream, args=(upstream, client), daemon=True, name="podnet-nodeport-copy")
-            t.start()
-            copy_stream(client, upstream)
-            t.join()  # ends when upstream closes or stop() shuts the sockets
+            splice(client, upstream, "podnet-nodeport-copy")
         finally:
             for s in (upstream, client):
                 if s is not None:

@@ -161,10 +161,7 @@ class ClusterProxy:
             if method == "CONNECT":
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             upstream.sendall(first + rest)
-            t = threading.Thread(target=copy_stream, args=(upstream, client), daemon=True, name="podnet-proxy-copy")
-            t.start()
-            copy_stream(client, upstream)
-            t.join()  # ends when upstream closes or stop() shuts the sockets
+            splice(client, upstream, "podnet-proxy-copy")
         except (OSError, ValueError) as exc:
             log.debug("proxy connection ended: %s", exc)
         finally:
@@ -222,6 +219,14 @@ def _reply(conn: socket.socket, code: int, message: str) -> None:
     body = (message + "\n").encode()
     conn.sendall(f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
                  "Connection: close\r\n\r\n".encode() + body)
+
+
+def splice(client: socket.socket, upstream: socket.socket, name: str) -> None:
+    """Copy both ways until both directions end (a thread ``name`` carries upstream to client)."""
+    t = threading.Thread(target=copy_stream, args=(upstream, client), daemon=True, name=name)
+    t.start()
+    copy_stream(client, upstream)
+    t.join()  # ends when upstream closes or the owner shuts the sockets
 
 
 def copy_stream(src: socket.socket, dst: socket.socket) -> None:

@@ -32,11 +32,12 @@ func main() {
 		fmt.Printf("rayproof pause %s\n", version)
 		return
 	}
+	signals := make(chan os.Signal, 16)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	// After Notify: whoever reads this line knows SIGTERM now ends pause with 0.
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "pause: warning: not running as PID 1")
 	}
-	signals := make(chan os.Signal, 16)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
 	reap() // children that exited before the handler was in place
 	for sig := range signals {
 		if sig == syscall.SIGCHLD {
