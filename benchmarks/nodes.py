@@ -15,7 +15,11 @@ prints:
   core, and the node layer's sum (the node agents and the pod network);
 * their resident memory (with what they started) at the end of that window;
 * ``down_s``, and what ``down`` left on this machine that the suite makes
-  (network namespaces, cgroups, mounts): every count should be zero.
+  (network namespaces, cgroups, mounts): every count should be zero;
+* for the real nodes, ``ray_image``: what building the Ray image took (once
+  per version, from its record), then, after the idle window, every node
+  pulling it at once: kubelet's pull time per node, the wall time until each
+  ran a pod of it, and the disk each node's containerd holds.
 
 ``side_by_side`` gives each runtime's median of those figures, and
 ``node_layer_build_s`` the seconds each node-layer binary took when the
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import sys
 import threading
@@ -111,6 +116,54 @@ def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str] 
     }
 
 
+def ray_image_first_pull(platform: Any) -> dict[str, Any]:
+    """Every real node pulls the Ray image at once (a pod each, which runs ``true``): kubelet's pull
+    time per node, the wall time until every pod ran, and the disk each node's containerd holds then."""
+    import subprocess
+
+    from kubernetes import client
+
+    from clusters.embedded.nodes import layer, rayimage
+    from rayproof import timeouts
+    from rayproof.waiting import wait_for
+
+    core = client.CoreV1Api(platform.api_client())
+    namespace = "bench-ray-image"
+    core.create_namespace({"metadata": {"name": namespace}})
+    nodes = layer.nodes_of(platform)
+    began = time.monotonic()
+    for node in nodes:
+        core.create_namespaced_pod(namespace, {"metadata": {"name": node.name}, "spec": {
+            "nodeName": node.name, "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": rayimage.image_name(), "command": ["true"]}]}})
+    for node in nodes:
+        wait_for(lambda n=node.name: core.read_namespaced_pod(n, namespace).status.phase,
+                 lambda phase: phase == "Succeeded", timeout=timeouts.IMAGE_PULL,
+                 description=f"node {node.name} to pull the Ray image and run a pod of it")
+    wall_s = time.monotonic() - began
+    pulled = {}
+    for event in core.list_namespaced_event(namespace).items:
+        found = re.search(r"Successfully pulled image .* in ([0-9.]+)(m?s) ", event.message or "")
+        if event.reason == "Pulled" and found:
+            value = float(found.group(1))
+            pulled[event.involved_object.name] = round(value / 1000 if found.group(2) == "ms" else value, 1)
+
+    def disk_bytes(path: Path) -> int:
+        out = subprocess.run(["du", "-s", "--block-size=1", str(path)], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[0])
+
+    return {"image": rayimage.image_name(), "build": rayimage.last_build(_images_cache()),
+            "pull_s_by_node": dict(sorted(pulled.items())), "all_nodes_pulled_wall_s": round(wall_s, 1),
+            "containerd_disk_gib_by_node": {n.name: round(disk_bytes(n.dir / "var-lib" / "containerd") / 2**30, 2)
+                                            for n in nodes}}
+
+
+def _images_cache() -> Path:
+    from clusters.embedded import build
+
+    return build.cache_root() / "images"
+
+
 def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, Any]:
     before = benchmarks.host_leftovers()
     began = time.monotonic()
@@ -123,6 +176,8 @@ def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, A
         rss = tree_rss_mib(pids)
         row["rss_mib_by_process"] = dict(sorted(rss.items()))
         row["rss_mib_node_layer"] = sum(mib for name, mib in rss.items() if name in layer)
+        if runtime == "kubelet":  # after the idle window, so up and idle compare with the node agent's
+            row["ray_image"] = ray_image_first_pull(platform)
     finally:
         began = time.monotonic()
         platform.down()

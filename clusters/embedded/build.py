@@ -136,7 +136,8 @@ _CONTAINERD_SHIM_TAGS = "no_grpc"
 MARKER = ".complete"
 # Bump when the set or layout of copied manifests changes: a finished build
 # then gets its manifests/ re-copied from the module cache, with no rebuild.
-MANIFESTS_RECIPE = "2"
+MANIFESTS_RECIPE = "3"
+KUBERAY_SAMPLES = ("ray-cluster.sample.yaml", "ray-job.kueue-toy-sample.yaml")
 PROGRESS_INTERVAL_S = 30.0
 
 # Where the main package lives inside each operator's module.
@@ -662,6 +663,10 @@ def _write_manifests(dest: pathlib.Path, infos: dict[str, dict], versions: dict)
     kueue = pathlib.Path(infos["kueue"]["Dir"])
     if not _copy_tree_files(ray / "config" / "crd" / "bases", dest / "kuberay" / "crd"):
         raise RuntimeError(f"no KubeRay CRDs under {ray}/config/crd/bases")
+    # KubeRay's own samples that need no network at run time (the real nodes' tests run them).
+    for sample in KUBERAY_SAMPLES:
+        (dest / "kuberay" / "samples").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ray / "config" / "samples" / sample, dest / "kuberay" / "samples" / sample)
     if not _copy_tree_files(kueue / "config" / "components" / "crd" / "bases", dest / "kueue" / "crd"):
         raise RuntimeError(f"no Kueue CRDs under {kueue}/config/components/crd/bases")
     # Which CRDs upstream turns into conversion webhooks (kustomize patches).
@@ -685,7 +690,7 @@ def _write_manifests(dest: pathlib.Path, infos: dict[str, dict], versions: dict)
     (dest / "SOURCES.json").write_text(json.dumps({
         "recipe": MANIFESTS_RECIPE,
         "kuberay": {"module": versions["kuberay"]["module"], "version": versions["kuberay"]["version"],
-                    "crd": "config/crd/bases/"},
+                    "crd": "config/crd/bases/", "samples": [f"config/samples/{s}" for s in KUBERAY_SAMPLES]},
         "kueue": {"module": versions["kueue"]["module"], "version": versions["kueue"]["version"],
                   "crd": "config/components/crd/bases/",
                   "crd-patches": "config/components/crd/patches/webhook_in_*.yaml",

@@ -14,14 +14,17 @@ dropping that traffic, and a
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 from kubernetes import client
 
 from clusters.embedded import build
@@ -223,6 +226,123 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
         blocked = wait_for(lambda p=pod: fetch(p), lambda r: r.returncode != 0, timeout=timeouts.CONTROLLER_RECONCILE,
                            description=f"the deny-ingress policy to cut {pod} off")
         assert "served-by-server" not in blocked.stdout
+
+
+def test_claims_get_volumes_shared_by_every_node_or_each_nodes_own(core: client.CoreV1Api, namespace: str) -> None:
+    """The StorageClasses' provisioner: a shared claim's files are seen from another node, a node-local
+    claim's are not; both are writable by a user that is not root (Ray's image runs as uid 1000)."""
+    for claim, storage_class in (("shared", None), ("local", "rayproof-node-local")):
+        spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+        if storage_class:
+            spec["storageClassName"] = storage_class
+        core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": claim, "labels": LABELS},
+                                                                   "spec": spec})
+
+    def run(name: str, node: int, script: str) -> str:
+        pod = shell_pod(name, script, node=node)
+        pod["spec"].update(restartPolicy="Never", securityContext={"runAsUser": 1000, "runAsGroup": 100},
+                           volumes=[{"name": c, "persistentVolumeClaim": {"claimName": c}} for c in ("shared", "local")])
+        pod["spec"]["containers"][0]["volumeMounts"] = [{"name": c, "mountPath": f"/{c}"} for c in ("shared", "local")]
+        core.create_namespaced_pod(namespace, pod)
+        phase = wait_for(lambda: core.read_namespaced_pod(name, namespace).status.phase,
+                         lambda ph: ph in ("Succeeded", "Failed"), timeout=timeouts.POD_START,
+                         description=f"pod {name} (claims shared and local) to run to its end")
+        log = core.read_namespaced_pod_log(name, namespace)
+        assert phase == "Succeeded", log
+        return log
+
+    run("writer", 1, "echo from-node-1 > /shared/f && echo from-node-1 > /local/f")
+    assert run("reader-other", NODES, "cat /shared/f; ls /local").split() == ["from-node-1"]
+    assert run("reader-same", 1, "cat /shared/f /local/f").split() == ["from-node-1", "from-node-1"]
+
+
+def ray_image() -> str:
+    return f"rayproject/ray:{metadata.version('ray')}"
+
+
+def kuberay_sample(name: str) -> dict[str, Any]:
+    """One of KubeRay's own samples, from the pinned ray-operator module, with the Ray image's name swapped in."""
+    text = (build.manifests_dir() / "kuberay" / "samples" / name).read_text()
+    images = set(re.findall(r"image: (rayproject/ray:[0-9.]+)", text))
+    assert len(images) == 1, images  # the sample names one Ray image; it is the only thing changed
+    return yaml.safe_load(text.replace(images.pop(), ray_image()))
+
+
+def test_every_node_pulls_the_ray_image_with_the_suites_ray_and_torch(core: client.CoreV1Api, namespace: str) -> None:
+    """The Ray image is Debian's Python with the pinned Ray and torch, pulled by each node from the registry."""
+    for node in range(1, NODES + 1):
+        script = ("id -u; python -c 'import ray, torch; from importlib.metadata import version; "
+                  "print(version(\"ray\"), version(\"torch\"), torch.__version__)'")
+        pod = shell_pod(f"ray-{node}", script, node=node, memory="1Gi", image=ray_image())
+        pod["spec"]["restartPolicy"] = "Never"
+        pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"  # importing torch takes a core
+        core.create_namespaced_pod(namespace, pod)
+    for node in range(1, NODES + 1):
+        name = f"ray-{node}"
+        wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase, lambda ph: ph == "Succeeded",
+                 timeout=timeouts.IMAGE_PULL, description=f"pod {name} (the Ray image) to pull, run and succeed")
+        said = core.read_namespaced_pod_log(name, namespace).split()
+        # uid 1000 as in Ray's own images; the image's Ray and torch are the suite's pinned ones.
+        assert said[:3] == ["1000", metadata.version("ray"), metadata.version("torch")], said
+        assert said[3].split("+")[0] == metadata.version("torch"), said  # torch's own name for itself, +cu132
+        pulled = [e.message for e in core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+                  if e.reason == "Pulled"]
+        print(f"{name}: {pulled}")  # kubelet's pull time and the image's size
+        assert any("Successfully pulled" in m for m in pulled), pulled
+
+
+def test_kuberay_ray_cluster_sample_runs_unchanged_but_for_its_image(
+        platform: EmbeddedPlatform, namespace: str) -> None:
+    """KubeRay's ray-cluster.sample.yaml: head and worker Ready, and Ray sees both nodes."""
+    custom = client.CustomObjectsApi(platform.api_client())
+    sample = kuberay_sample("ray-cluster.sample.yaml")
+    name = sample["metadata"]["name"]
+    custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", sample)
+    try:
+        wait_for(lambda: (custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", name)
+                          .get("status") or {}).get("state"), lambda state: state == "ready",
+                 timeout=timeouts.RAYCLUSTER_READY, description=f"RayCluster {name} ready")
+        head = kubectl(platform, "-n", namespace, "get", "pods", "-l", f"ray.io/cluster={name},ray.io/node-type=head",
+                       "-o", "jsonpath={.items[0].metadata.name}").stdout
+        alive = kubectl(platform, "-n", namespace, "exec", head, "--", "python", "-c",
+                        "import ray; ray.init(); print('alive', sum(n['Alive'] for n in ray.nodes()))")
+        assert "alive 2" in alive.stdout, alive.stdout + alive.stderr
+    finally:
+        custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", name)
+    core = client.CoreV1Api(platform.api_client())
+    wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"ray.io/cluster={name}").items,
+             lambda pods: not pods, timeout=timeouts.OBJECT_DELETE, description=f"the pods of RayCluster {name} gone")
+
+
+def test_kuberay_kueue_toy_sample_is_admitted_through_a_teams_queue_and_runs(platform: EmbeddedPlatform) -> None:
+    """KubeRay's ray-job.kueue-toy-sample.yaml in a team's namespace, naming the team's LocalQueue:
+    Kueue admits it, KubeRay starts its Ray cluster on the nodes and its job prints what Ray sees."""
+    core = client.CoreV1Api(platform.api_client())
+    custom = client.CustomObjectsApi(platform.api_client())
+    team = f"rayproof-toy-{RUN}"
+    core.create_namespace({"metadata": {"name": team, "labels": {
+        **LABELS, "onboarding.rayproof.io/class": "standard", "onboarding.rayproof.io/tenant": team}}})
+    try:
+        wait_for(lambda: custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", team, "localqueues", "team"),
+                 timeout=timeouts.CONTROLLER_RECONCILE, ignore=(client.ApiException,),
+                 description=f"the onboarding to give namespace {team} its LocalQueue team")
+        sample = kuberay_sample("ray-job.kueue-toy-sample.yaml")
+        sample["metadata"]["labels"] = {**LABELS, "kueue.x-k8s.io/queue-name": "team"}
+        name = custom.create_namespaced_custom_object("ray.io", "v1", team, "rayjobs", sample)["metadata"]["name"]
+        wait_for(lambda: (custom.get_namespaced_custom_object("ray.io", "v1", team, "rayjobs", name)
+                          .get("status") or {}).get("jobStatus"), lambda status: status == "RUNNING",
+                 timeout=timeouts.RAYCLUSTER_READY, description=f"RayJob {name} admitted and RUNNING")
+        workload, = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", team, "workloads")["items"]
+        admitted = {c["type"]: c["status"] for c in workload["status"]["conditions"]}
+        assert admitted.get("Admitted") == "True", workload["status"]
+        submitter = core.list_namespaced_pod(team, label_selector=f"job-name={name}").items[0].metadata.name
+        line = wait_for(lambda: core.read_namespaced_pod_log(submitter, team), lambda log: "iter: 1," in log,
+                        timeout=timeouts.RAY_JOIN, ignore=(client.ApiException,),
+                        description=f"the job of RayJob {name} to print what Ray sees")
+        # The head's and the worker's CPU: Ray on both pods of the cluster.
+        assert "'CPU': 2.0" in line, line
+    finally:
+        core.delete_namespace(team)
 
 
 def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) -> None:

@@ -12,7 +12,14 @@
   node. It is there to certify that a clause catches checkpoints on storage
   that is not shared (TRN-2's self-test); no default uses it.
 
-It runs in the node agent, acting like an external provisioner:
+It runs in the node agent, acting like an external provisioner. Real nodes
+(``nodes.runtime: kubelet``) have no node agent: there it is a process of
+the platform (:func:`main`), and kubelet mounts the PVs' ``hostPath`` as
+any kubelet does. A node-local PV's path is then under ``/var/lib``, which
+each node's mount namespace binds to the node's own directory
+(``nodes/node.py``), so each node sees its own; the provisioner makes the
+directory in every node, writable by any user (Ray's image runs as uid
+1000), as a local-path provisioner does.
 
 * a Pending claim of the class without a volume gets a PV ``pvc-<claim uid>``
   pre-bound to it (``claimRef``); kube-controller-manager's PV controller
@@ -41,10 +48,16 @@ MARK = "rayproof.io/provisioned-by"
 RESYNC_S = 1.0
 
 
+NODE_LOCAL_PATH = Path("/var/lib/rayproof-node-local")  # a node-local PV's path on real nodes
+
+
 class DirectoryProvisioner:
-    def __init__(self, api: KubeClient, root: Path):
+    def __init__(self, api: KubeClient, root: Path, node_var_libs: list[Path] | None = None):
+        """``node_var_libs``: each real node's own ``/var/lib`` (None under the node agent, whose
+        ``volumes.py`` gives each node its own subdirectory of a node-local PV's one path)."""
         self.api = api
         self.root = Path(root)
+        self.node_var_libs = node_var_libs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="directory-provisioner", daemon=True)
 
@@ -78,13 +91,24 @@ class DirectoryProvisioner:
                     and (pv.get("status") or {}).get("phase") == "Released":
                 self._delete(pv)
 
+    def _node_dirs(self, path: Path) -> list[Path]:
+        """Where a real node's PV path ``path`` (under ``NODE_LOCAL_PATH``) is on this machine, per node."""
+        return [var_lib / path.relative_to("/var/lib") for var_lib in self.node_var_libs or ()]
+
     def _provision(self, pvc: dict[str, Any]) -> None:
         meta = pvc["metadata"]
-        path = self.root / meta["namespace"] / f"{meta['name']}-{meta['uid'][:8]}"
-        path.mkdir(parents=True, exist_ok=True)
-        path.chmod(0o777)
-        size = ((pvc["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
         storage_class = pvc["spec"]["storageClassName"]
+        relative = Path(meta["namespace"]) / f"{meta['name']}-{meta['uid'][:8]}"
+        if storage_class == NODE_LOCAL_CLASS and self.node_var_libs is not None:
+            path = NODE_LOCAL_PATH / relative
+            made = self._node_dirs(path)
+        else:
+            path = self.root / relative
+            made = [path]
+        for directory in made:
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o777)
+        size = ((pvc["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
         provisioner = PROVISIONERS[storage_class]
         pv = {"apiVersion": "v1", "kind": "PersistentVolume",
               "metadata": {"name": f"pvc-{meta['uid']}", "annotations": {MARK: provisioner,
@@ -110,3 +134,37 @@ class DirectoryProvisioner:
                 raise
         if path.is_relative_to(self.root) and path != self.root:
             shutil.rmtree(path, ignore_errors=True)
+        elif path.is_relative_to(NODE_LOCAL_PATH) and path != NODE_LOCAL_PATH:
+            for directory in self._node_dirs(path):
+                shutil.rmtree(directory, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The provisioner as a process of a platform of real nodes (no node agent runs there)."""
+    import argparse
+    import signal
+
+    from clusters.embedded.nodeagent.kube import load_kubeconfig
+
+    ap = argparse.ArgumentParser(prog="python -m clusters.embedded.nodeagent.provisioner",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--kubeconfig", type=Path, required=True)
+    ap.add_argument("--root", type=Path, required=True, help="where the shared class's volumes are made")
+    ap.add_argument("--node-var-lib", type=Path, action="append", default=[], required=True,
+                    help="a real node's own /var/lib directory (repeatable)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    creds = load_kubeconfig(args.kubeconfig, args.root / ".creds")
+    provisioner = DirectoryProvisioner(KubeClient(creds, user_agent="rayproof-provisioner"), args.root,
+                                       node_var_libs=args.node_var_lib)
+    provisioner.start()
+    stopped.wait()
+    provisioner.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

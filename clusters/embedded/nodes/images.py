@@ -1,12 +1,13 @@
-"""Container images the real nodes start from, built here as OCI image archives.
+"""Container images the real nodes start from, built here as OCI image layouts.
 
 Each image is one uncompressed layer of files this machine already has (no
 network): the sandbox image ``registry.k8s.io/pause:3.10.1`` holds the
 ``pause`` program built with the platform (``build.py``), and the shell image
 ``docker.io/library/busybox:<version>`` holds Debian's static busybox with one
-link per applet. Archives are written once per content key under
+link per applet. OCI image layouts are written once per content key under
 ``<cache>/images/`` and pushed to the nodes' registry (``registry.py``),
-from which every node pulls them as any node pulls its images.
+from which every node pulls them as any node pulls its images. (The Ray
+image, gigabytes, is ``rayimage.py``.)
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -25,15 +27,15 @@ from clusters.embedded import build
 
 PAUSE_IMAGE = build.load_versions()["pause"]["image"]  # the sandbox image containerd is told to use
 BUSYBOX = Path("/bin/busybox")
-# Bump when the archives' layout changes, so old cached archives are not reused.
-RECIPE = "1"
+# Bump when the images' layout changes, so old cached layouts are not reused.
+RECIPE = "2"
 _EPOCH = 0  # every file's mtime in a layer: same inputs, same digest
 
 
 @dataclass(frozen=True)
-class ImageArchive:
+class ImageLayout:
     name: str  # the reference pods use, e.g. docker.io/library/busybox:1.35.0
-    path: Path  # an OCI image layout in a tar, for `ctr images import`
+    path: Path  # an OCI image layout directory (oci-layout, index.json, blobs/sha256/)
     digest: str  # the manifest's digest (what kubelet reports as imageID)
 
 
@@ -61,48 +63,63 @@ def layer_tar(files: Mapping[str, bytes | tuple[bytes, int]], dirs: Sequence[str
     return buf.getvalue()
 
 
-def _blob(data: bytes) -> tuple[str, bytes]:
-    return "sha256:" + hashlib.sha256(data).hexdigest(), data
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
 
 
-def write_oci_archive(dest: Path, name: str, layers: Sequence[bytes], config: Mapping[str, object]) -> ImageArchive:
-    """Write an OCI image layout tar holding one linux/amd64 image called ``name``."""
+def write_oci_layout(dest: Path, name: str, layers: Sequence[bytes | Path], config: Mapping[str, object],
+                     ) -> ImageLayout:
+    """Write an OCI image layout directory holding one linux/amd64 image called ``name``.
+
+    A layer is the tar's bytes, or the path of a tar file, which is moved
+    into the layout (a layer of gigabytes is never held in memory).
+    """
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-    layer_blobs = [_blob(layer) for layer in layers]
+    blobs = dest / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def put_bytes(data: bytes) -> tuple[str, int]:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        (blobs / digest[7:]).write_bytes(data)
+        return digest, len(data)
+
+    def put_layer(layer: bytes | Path) -> tuple[str, int]:
+        if isinstance(layer, bytes):
+            return put_bytes(layer)
+        digest, size = _file_digest(layer), layer.stat().st_size
+        os.replace(layer, blobs / digest[7:])
+        return digest, size
+
+    layer_blobs = [put_layer(layer) for layer in layers]
     image_config = {
         "architecture": arch, "os": "linux", "config": dict(config),
         "rootfs": {"type": "layers", "diff_ids": [d for d, _ in layer_blobs]},
         "history": [{"created_by": "rayproof clusters/embedded/nodes/images.py"} for _ in layer_blobs],
     }
-    cfg_digest, cfg_bytes = _blob(json.dumps(image_config, sort_keys=True).encode())
+    cfg_digest, cfg_size = put_bytes(json.dumps(image_config, sort_keys=True).encode())
     manifest = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg_digest,
-                   "size": len(cfg_bytes)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": len(b)}
-                   for d, b in layer_blobs],
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg_digest, "size": cfg_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": n}
+                   for d, n in layer_blobs],
     }
-    man_digest, man_bytes = _blob(json.dumps(manifest, sort_keys=True).encode())
+    man_digest, man_size = put_bytes(json.dumps(manifest, sort_keys=True).encode())
     index = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [{
-            "mediaType": manifest["mediaType"], "digest": man_digest, "size": len(man_bytes),
+            "mediaType": manifest["mediaType"], "digest": man_digest, "size": man_size,
             "platform": {"architecture": arch, "os": "linux"},
             "annotations": {"io.containerd.image.name": name,
                             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]},
         }],
     }
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".partial")
-    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add(path: str, data: bytes) -> None:
-            tar.addfile(_tar_info(path, size=len(data)), io.BytesIO(data))
-        add("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        add("index.json", json.dumps(index, sort_keys=True).encode())
-        for digest, data in [(cfg_digest, cfg_bytes), (man_digest, man_bytes), *layer_blobs]:
-            add("blobs/sha256/" + digest.split(":", 1)[1], data)
-    os.replace(tmp, dest)
-    return ImageArchive(name, dest, man_digest)
+    (dest / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
+    (dest / "index.json").write_text(json.dumps(index, sort_keys=True))
+    return ImageLayout(name, dest, man_digest)
 
 
 def busybox_version() -> str:
@@ -143,26 +160,30 @@ def _busybox_layer() -> bytes:
     return layer_tar(files, dirs, links)
 
 
-def ensure_images(cache: Path, pause_binary: Path, progress=print) -> list[ImageArchive]:
-    """The node images as OCI archives under ``cache`` (built once per content)."""
+def ensure_images(cache: Path, pause_binary: Path, progress=print) -> list[ImageLayout]:
+    """The small node images (sandbox, shell) as OCI layouts under ``cache`` (built once per content)."""
     version = busybox_version()
     key_src = hashlib.sha256()
     for part in (RECIPE.encode(), pause_binary.read_bytes(), BUSYBOX.read_bytes()):
         key_src.update(hashlib.sha256(part).digest())
     root = cache / key_src.hexdigest()[:16]
     busybox_name = f"docker.io/library/busybox:{version}"
-    wanted = {PAUSE_IMAGE: root / "pause.oci.tar", busybox_name: root / "busybox.oci.tar"}
+    wanted = {PAUSE_IMAGE: root / "pause", busybox_name: root / "busybox"}
     index = root / "images.json"
-    if index.is_file() and all(p.is_file() for p in wanted.values()):
+    if index.is_file():
         recorded = json.loads(index.read_text())
-        return [ImageArchive(n, wanted[n], recorded[n]) for n in wanted]
+        return [ImageLayout(n, wanted[n], recorded[n]) for n in wanted]
     t0 = time.monotonic()
-    pause = write_oci_archive(wanted[PAUSE_IMAGE], PAUSE_IMAGE,
-                              [layer_tar({"/pause": (pause_binary.read_bytes(), 0o755)})],
-                              {"Entrypoint": ["/pause"], "User": "65535:65535"})
-    shell = write_oci_archive(wanted[busybox_name], busybox_name, [_busybox_layer()],
-                              {"Cmd": ["sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]})
-    index.write_text(json.dumps({a.name: a.digest for a in (pause, shell)}, indent=1))
-    size = sum(p.stat().st_size for p in wanted.values())
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    pause = write_oci_layout(partial / "pause", PAUSE_IMAGE,
+                             [layer_tar({"/pause": (pause_binary.read_bytes(), 0o755)})],
+                             {"Entrypoint": ["/pause"], "User": "65535:65535"})
+    shell = write_oci_layout(partial / "busybox", busybox_name, [_busybox_layer()],
+                             {"Cmd": ["sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]})
+    (partial / "images.json").write_text(json.dumps({a.name: a.digest for a in (pause, shell)}, indent=1))
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(partial, root)
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     progress(f"node images built in {time.monotonic() - t0:.1f}s ({size / 2**20:.1f} MiB): {', '.join(wanted)}")
-    return [pause, shell]
+    return [ImageLayout(a.name, wanted[a.name], a.digest) for a in (pause, shell)]

@@ -4,10 +4,12 @@ Called by :class:`clusters.embedded.platform.EmbeddedPlatform` once the
 control plane, the operators and the pod network's router run. First, per
 node: its network namespace (``fabric.py``), certificates from the
 platform's CA, its files and cgroup tree (``node.py``). Then the registry
-with the node images pushed (``registry.py``, ``images.py``) and one
-``relay`` process serving the API server and the registry inside every node
-namespace. Then per node containerd, kubelet, kube-proxy and (when the
-profile's node shape has ``nvidia.com/gpu``) the fake GPU device plugin.
+with the node images pushed (``registry.py``, ``images.py``; the Ray image,
+``rayimage.py``, built first when the registry lacks it), one ``relay``
+process serving the API server and the registry inside every node
+namespace, and the StorageClasses' provisioner. Then per node containerd,
+kubelet, kube-proxy and (when the profile's node shape has
+``nvidia.com/gpu``) the fake GPU device plugin.
 Nodes pull their images, the sandbox image included, from the registry as
 any node does. ``down`` stops these programs like every platform process;
 then the cleanup registered per node kills what is left in its cgroup tree
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
-from clusters.embedded.nodes import images as images_mod, registry, relay
+from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay
 from clusters.embedded.nodes.node import Node, env_for, v1_hierarchies
 from rayproof import timeouts
 from rayproof.waiting import wait_for
@@ -40,11 +42,12 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
     kinds = ("containerd", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
-    return ["registry", "relay", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
+    return ["registry", "relay", "provisioner", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
 
-def _start_registry(platform: "EmbeddedPlatform", binaries: dict, archives: list, progress) -> int:
-    """The registry on a free loopback port, the node images pushed to it; returns its port."""
+def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list, progress) -> int:
+    """The registry on a free loopback port, the node images pushed to it (the Ray image built
+    first if the registry lacks it); returns its port."""
     import urllib.request
 
     from clusters.embedded.controlplane import free_ports
@@ -62,12 +65,13 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, archives: list
             return resp.status
     wait_for(answers, lambda status: status == 200, timeout=timeouts.OPERATORS_START,
              description=f"the node registry answering on {base} (log {rec.log})")
-    for archive in archives:
+    for layout in layouts:
         t0 = time.monotonic()
-        sent = registry.push(archive.path, archive.name, base)
+        sent = registry.push(layout.path, layout.name, base)
         if sent:
-            progress(f"pushed {archive.name} to the node registry: {sent / 2**20:.1f} MiB in "
+            progress(f"pushed {layout.name} to the node registry: {sent / 2**20:.1f} MiB in "
                      f"{time.monotonic() - t0:.1f}s")
+    rayimage.ensure(build.cache_root() / "images", base, progress)
     return port
 
 
@@ -84,7 +88,7 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     from clusters.embedded.controlplane import write_kubeconfig
 
     binaries = platform.binaries()
-    archives = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
+    layouts = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
     nodes = nodes_of(platform)
     gpus = int(platform.profile.node_shape.get("nvidia.com/gpu", "0"))
     # kube-proxy's identity, bound by the API server's bootstrap policy to system:node-proxier.
@@ -104,7 +108,7 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         node.prepare(ca_file=platform.ca_file, proxy_kubeconfig=proxy_kubeconfig,
                      serving_cert=certs.serving.cert, serving_key=certs.serving.key)
 
-    registry_port = _start_registry(platform, binaries, archives, progress)
+    registry_port = _start_registry(platform, binaries, layouts, progress)
     ready = platform.run_dir / "relay.ready"
     api_port = int(platform.api_server_url.rsplit(":", 1)[1])
     platform.start_process("relay", [sys.executable, "-m", "clusters.embedded.nodes.relay", "--ready", str(ready),
@@ -113,6 +117,11 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
                                      *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
     wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
              description=f"the API server's and registry's listeners in the node namespaces of {platform.name}")
+    # The StorageClasses' provisioner, which the node agent runs where there is one.
+    platform.start_process("provisioner", [
+        sys.executable, "-m", "clusters.embedded.nodeagent.provisioner", "--kubeconfig", str(platform.kubeconfig),
+        "--root", str(platform.run_dir / "pvc"), *(a for n in nodes for a in ("--node-var-lib", str(n.dir / "var-lib")))],
+        env=python_env)
 
     for node in nodes:
         rec = platform.start_process(f"containerd-{node.index}", node.containerd_argv(),

@@ -133,6 +133,8 @@ state = "/run/containerd"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
+  # A layer's blob is dropped once unpacked: each node keeps one copy of an image, its snapshots.
+  discard_unpacked_layers = true
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
   [plugins.'io.containerd.cri.v1.images'.registry]
@@ -181,6 +183,13 @@ state = "/run/containerd"
             "resolvConf": "",
             "podLogsDir": "/var/log/pods",
             "failSwapOn": False,
+            # Every node's nodefs and imagefs is the machine's one disk, shared with the machine's own
+            # use: its free space says nothing about a node, so disk pressure neither evicts pods nor
+            # collects images (kind's nodes are configured so, for the same reason). Memory pressure
+            # keeps kubelet's default threshold.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%", "nodefs.inodesFree": "0%",
+                             "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
+            "imageGCHighThresholdPercent": 100,
             "rotateCertificates": False,
             "serverTLSBootstrap": False,
             "staticPodPath": "",

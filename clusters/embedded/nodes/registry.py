@@ -9,13 +9,12 @@ so a pull of ``docker.io/library/busybox:1.35.0`` asks this registry for
 ``ErrImagePull`` then ``ImagePullBackOff`` from kubelet. (Names that differ
 only in their registry host share a repository here.)
 
-:func:`push` uploads an OCI image archive (``images.py``) with the registry
+:func:`push` uploads an OCI image layout (``images.py``) with the registry
 HTTP API: each blob unless the registry has it, then the manifest under its tag.
 """
 from __future__ import annotations
 
 import json
-import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -56,7 +55,7 @@ def repository(name: str) -> tuple[str, str]:
     return "/".join(parts), tag
 
 
-def _request(method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
+def _request(method: str, url: str, data=None, headers: dict[str, str] | None = None,
              ) -> tuple[int, dict[str, str]]:
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
@@ -67,39 +66,55 @@ def _request(method: str, url: str, data: bytes | None = None, headers: dict[str
         return exc.code, dict(exc.headers)
 
 
-def push(archive: Path, name: str, base_url: str) -> int:
-    """Push the OCI image layout in ``archive`` as ``name``; returns the bytes uploaded (0: all there)."""
+def has_manifest(base_url: str, name: str, digest: str) -> bool:
+    """Whether the registry holds the manifest ``digest`` as ``name``'s tag, with every blob it names."""
     repo, tag = repository(name)
+    status, headers = _request("HEAD", f"{base_url}/v2/{repo}/manifests/{tag}",
+                               headers={"Accept": MANIFEST_TYPE})
+    if status != 200 or headers.get("Docker-Content-Digest") != digest:
+        return False
+    with urllib.request.urlopen(urllib.request.Request(f"{base_url}/v2/{repo}/manifests/{digest}",
+                                                       headers={"Accept": MANIFEST_TYPE}), timeout=60) as resp:
+        manifest = json.loads(resp.read())
+    return all(_request("HEAD", f"{base_url}/v2/{repo}/blobs/{d['digest']}")[0] == 200
+               for d in [manifest["config"], *manifest["layers"]])
+
+
+def push(layout: Path, name: str, base_url: str) -> int:
+    """Push the OCI image layout directory ``layout`` as ``name``; returns the bytes uploaded (0: all there).
+
+    Each blob goes up in one streamed PUT unless the registry has it already.
+    """
+    repo, tag = repository(name)
+    index = json.loads((layout / "index.json").read_text())
+
+    def blob(digest: str) -> Path:
+        return layout / "blobs" / "sha256" / digest.split(":", 1)[1]
+
+    manifest = blob(index["manifests"][0]["digest"]).read_bytes()
+    parsed = json.loads(manifest)
     uploaded = 0
-    with tarfile.open(archive) as tar:
-        index = json.loads(tar.extractfile("index.json").read())
-        manifest_digest = index["manifests"][0]["digest"]
-
-        def blob(digest: str) -> bytes:
-            return tar.extractfile("blobs/sha256/" + digest.split(":", 1)[1]).read()
-
-        manifest = blob(manifest_digest)
-        parsed = json.loads(manifest)
-        for desc in [parsed["config"], *parsed["layers"]]:
-            digest = desc["digest"]
-            status, _ = _request("HEAD", f"{base_url}/v2/{repo}/blobs/{digest}")
-            if status == 200:
-                continue
-            status, headers = _request("POST", f"{base_url}/v2/{repo}/blobs/uploads/")
-            if status != 202:
-                raise RuntimeError(f"registry {base_url}: starting an upload to {repo} answered {status}")
-            location = headers["Location"]
-            if location.startswith("/"):
-                location = base_url + location
-            sep = "&" if "?" in location else "?"
-            data = blob(digest)
-            status, _ = _request("PUT", f"{location}{sep}digest={digest}", data,
-                                 {"Content-Type": "application/octet-stream"})
-            if status != 201:
-                raise RuntimeError(f"registry {base_url}: uploading {digest} to {repo} answered {status}")
-            uploaded += len(data)
-        status, _ = _request("PUT", f"{base_url}/v2/{repo}/manifests/{tag}", manifest,
-                             {"Content-Type": MANIFEST_TYPE})
+    for desc in [parsed["config"], *parsed["layers"]]:
+        digest = desc["digest"]
+        status, _ = _request("HEAD", f"{base_url}/v2/{repo}/blobs/{digest}")
+        if status == 200:
+            continue
+        status, headers = _request("POST", f"{base_url}/v2/{repo}/blobs/uploads/")
+        if status != 202:
+            raise RuntimeError(f"registry {base_url}: starting an upload to {repo} answered {status}")
+        location = headers["Location"]
+        if location.startswith("/"):
+            location = base_url + location
+        sep = "&" if "?" in location else "?"
+        size = blob(digest).stat().st_size
+        with blob(digest).open("rb") as body:
+            status, _ = _request("PUT", f"{location}{sep}digest={digest}", body,
+                                 {"Content-Type": "application/octet-stream", "Content-Length": str(size)})
         if status != 201:
-            raise RuntimeError(f"registry {base_url}: putting the manifest of {repo}:{tag} answered {status}")
+            raise RuntimeError(f"registry {base_url}: uploading {digest} to {repo} answered {status}")
+        uploaded += size
+    status, _ = _request("PUT", f"{base_url}/v2/{repo}/manifests/{tag}", manifest,
+                         {"Content-Type": MANIFEST_TYPE})
+    if status != 201:
+        raise RuntimeError(f"registry {base_url}: putting the manifest of {repo}:{tag} answered {status}")
     return uploaded
