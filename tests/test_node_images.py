@@ -89,3 +89,13 @@ def test_the_ray_images_environment_layer_installs_as_pip_does_on_debian(tmp_pat
     assert members["usr/local/bin/python"].issym() and members["usr/local/bin/python"].linkname == "/usr/bin/python3.11"
     assert all(m.mtime == 0 and m.uid == 0 for m in members.values())  # the same files make the same layer
     assert size == sum(m.size for m in members.values() if m.isfile())
+
+
+def test_a_debian_layers_package_version_comes_from_its_dpkg_database(tmp_path: Path) -> None:
+    status = (b"Package: libc6\nStatus: install ok installed\nVersion: 2.36-9+deb12u14\n\n"
+              b"Package: redis-server\nStatus: install ok installed\nDescription: Persistent key-value database\n"
+              b" Version: 9.9 (a description line, not the field)\nVersion: 5:7.0.15-1~deb12u6\n")
+    (tmp_path / "layer.tar").write_bytes(images.layer_tar({"/var/lib/dpkg/status": status}))
+    assert images.package_version(tmp_path / "layer.tar", "redis-server") == "5:7.0.15-1~deb12u6"
+    with pytest.raises(LookupError):
+        images.package_version(tmp_path / "layer.tar", "python3.11")

@@ -256,6 +256,34 @@ def test_claims_get_volumes_shared_by_every_node_or_each_nodes_own(core: client.
     assert run("reader-same", 1, "cat /shared/f /local/f").split() == ["from-node-1", "from-node-1"]
 
 
+def test_the_profiles_redis_image_serves_a_gcs_store_behind_its_password(
+        platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
+    """The Redis a team deploys for GCS fault tolerance (``fixtures.manifests.gcs_redis``), from the
+    profile's default image: Debian's redis-server, pulled from the registry, asking for its password."""
+    from fixtures import manifests as mf
+    from rayproof import profile
+
+    image = profile.load().data["gcsFaultTolerance"]["redisImage"]
+    pod, service, policy = mf.gcs_redis("gcs-redis", LABELS, image, {"value": "s3cret"})
+    core.create_namespaced_pod(namespace, pod)
+    core.create_namespaced_service(namespace, service)
+    client.NetworkingV1Api(platform.api_client()).create_namespaced_network_policy(namespace, policy)
+    wait_for(lambda: core.read_namespaced_pod("gcs-redis", namespace).status.conditions or [],
+             lambda conds: any(c.type == "Ready" and c.status == "True" for c in conds),
+             timeout=timeouts.POD_START, description=f"the Redis pod of {image} Ready")
+    # A Ray pod (the policy admits pods with ray.io/cluster) asks without and with the password.
+    asker = shell_pod("ray-asker", "sleep 3600", labels={"ray.io/cluster": "any"})
+    core.create_namespaced_pod(namespace, asker)
+    wait_for(lambda: core.read_namespaced_pod("ray-asker", namespace).status.phase, lambda ph: ph == "Running",
+             timeout=timeouts.POD_START, description="pod ray-asker Running")
+    said = wait_for(lambda: kubectl(platform, "-n", namespace, "exec", "ray-asker", "--", "sh", "-c",
+                                    "printf 'PING\\r\\nAUTH s3cret\\r\\nPING\\r\\n' | nc -w 3 gcs-redis 6379",
+                                    check=False).stdout,
+                    lambda out: "PONG" in out, timeout=timeouts.CONTAINER_TRANSITION,
+                    description="Redis to answer PING once authenticated")
+    assert said.split() == ["-NOAUTH", "Authentication", "required.", "+OK", "+PONG"], said
+
+
 def ray_image() -> str:
     return f"rayproject/ray:{metadata.version('ray')}"
 

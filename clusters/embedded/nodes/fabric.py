@@ -6,6 +6,7 @@ node netns rayproof-<platform>-k<i>                       router netns rayproof-
   default via 169.254.1.1 (onlink)                          route 198.18.255.<10+i>/32 dev rk<i>
   pods: 198.18.<200+i>.0/24 (CNI ptp + host-local)          route 198.18.<200+i>.0/24 via 198.18.255.<10+i>
   rule 100: iif eth0           -> main  (to the node's pods)
+  rule 140: from the node's pod gateway -> main  (kubelet's probes, straight to its pods)
   rule 150: from pods to node  -> main  (probes' replies, the node's own addresses)
   rule 200: from pods          -> table 100: default via the router
 ```
@@ -81,6 +82,9 @@ class NodeNet:
             f"route add default via {GATEWAY} dev eth0",
             f"route add default via {GATEWAY} dev eth0 onlink table {POD_ROUTE_TABLE}",
             "rule add iif eth0 lookup main pref 100",
+            # kubelet's TCP and HTTP probes leave from the gateway address, inside the pod range: without
+            # this rule rule 200 sent them to the router, which dropped them (the Redis pod never got Ready).
+            f"rule add from {self.pod_gateway}/32 lookup main pref 140",
             f"rule add from {pods} to {self.ip}/32 lookup main pref 150",
             f"rule add from {pods} to {self.pod_gateway}/32 lookup main pref 150",
             f"rule add from {pods} lookup {POD_ROUTE_TABLE} pref 200",

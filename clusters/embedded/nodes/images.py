@@ -1,13 +1,19 @@
 """Container images the real nodes start from, built here as OCI image layouts.
 
-Each image is one uncompressed layer of files this machine already has (no
-network): the sandbox image ``registry.k8s.io/pause:3.10.1`` holds the
-``pause`` program built with the platform (``build.py``), and the shell image
-``docker.io/library/busybox:<version>`` holds Debian's static busybox with one
-link per applet. OCI image layouts are written once per content key under
-``<cache>/images/`` and pushed to the nodes' registry (``registry.py``),
-from which every node pulls them as any node pulls its images. (The Ray
-image, gigabytes, is ``rayimage.py``.)
+Each image is one uncompressed layer:
+
+* the sandbox image ``registry.k8s.io/pause:3.10.1``: the ``pause`` program
+  built with the platform (``build.py``);
+* the shell image ``docker.io/library/busybox:<version>``: Debian's static
+  busybox with one link per applet;
+* the Redis image ``docker.io/library/redis:<major.minor>`` (GCS fault
+  tolerance's store): Debian's ``redis-server`` on a Debian base made by
+  mmdebstrap (:func:`debian_layer`, the one step that needs Debian's mirror).
+
+OCI image layouts are written once per content key under ``<cache>/images/``
+and pushed to the nodes' registry (``registry.py``), from which every node
+pulls them as any node pulls its images. (The Ray image, gigabytes, is
+``rayimage.py``.)
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from clusters.embedded import build
 PAUSE_IMAGE = build.load_versions()["pause"]["image"]  # the sandbox image containerd is told to use
 BUSYBOX = Path("/bin/busybox")
 # Bump when the images' layout changes, so old cached layouts are not reused.
-RECIPE = "2"
+RECIPE = "3"
 _EPOCH = 0  # every file's mtime in a layer: same inputs, same digest
 
 
@@ -122,6 +128,54 @@ def write_oci_layout(dest: Path, name: str, layers: Sequence[bytes | Path], conf
     return ImageLayout(name, dest, man_digest)
 
 
+SUITE = "bookworm"  # the Debian release images made from Debian's packages come from (this machine's)
+MIRRORS = ("deb http://deb.debian.org/debian bookworm main",
+           "deb http://deb.debian.org/debian bookworm-updates main",
+           "deb http://deb.debian.org/debian-security bookworm-security main")
+REDIS_PACKAGES = ("redis-server",)
+
+
+def debian_layer(dest: Path, packages: Sequence[str], user: tuple[str, int, int] | None = None) -> None:
+    """Debian ``minbase`` with ``packages`` (and ``user``: name, uid, gid) as an uncompressed layer tar at
+    ``dest``, made by mmdebstrap from Debian's packages; ``/dev`` is left empty (the runtime mounts its own)."""
+    if shutil.which("mmdebstrap") is None:
+        raise RuntimeError("the real nodes' images are made from Debian's packages by mmdebstrap, which is "
+                           "missing: apt-get install -y mmdebstrap (bin/rayproof does it as root)")
+    raw = dest.with_name(dest.stem + "-debian.tar")  # mmdebstrap picks its output format by the extension
+    hooks = []
+    if user is not None:
+        name, uid, gid = user
+        hooks.append(f"--customize-hook=chroot \"$1\" useradd --uid {uid} --gid {gid} --create-home "
+                     f"--shell /bin/bash {name}")
+    argv = ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(packages)}",
+            "--aptopt=Acquire::Languages \"none\"",
+            *(f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale", "info")),
+            *hooks, SUITE, str(raw), *MIRRORS]
+    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "0"})
+    if done.returncode != 0:
+        raise RuntimeError(f"mmdebstrap could not make a Debian {SUITE} layer with {', '.join(packages)} "
+                           f"(exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    with tarfile.open(raw) as src, tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as out:
+        for member in src:
+            name = member.name.removeprefix("./")
+            if not name or (name.startswith("dev/") and name != "dev/"):
+                continue
+            member.name = name
+            out.addfile(member, src.extractfile(member) if member.isfile() else None)
+    raw.unlink()
+
+
+def package_version(layer: Path, package: str) -> str:
+    """The version of ``package`` in the dpkg database of a Debian layer (``7.0.15-1~deb12u6``)."""
+    with tarfile.open(layer) as tar:
+        status = tar.extractfile("var/lib/dpkg/status").read().decode()
+    for stanza in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
+        if fields.get("Package") == package:
+            return fields["Version"]
+    raise LookupError(f"{package} is not installed in {layer}")
+
+
 def busybox_version() -> str:
     """Debian's busybox-static version (``1.35.0``), which tags the shell image."""
     if not BUSYBOX.is_file():
@@ -161,29 +215,38 @@ def _busybox_layer() -> bytes:
 
 
 def ensure_images(cache: Path, pause_binary: Path, progress=print) -> list[ImageLayout]:
-    """The small node images (sandbox, shell) as OCI layouts under ``cache`` (built once per content)."""
+    """The small node images as OCI layouts under ``cache``, built once per content: the sandbox image,
+    the shell image and the Redis image (Debian's ``redis-server``, tagged with its major.minor version)."""
     version = busybox_version()
     key_src = hashlib.sha256()
-    for part in (RECIPE.encode(), pause_binary.read_bytes(), BUSYBOX.read_bytes()):
+    for part in (RECIPE.encode(), pause_binary.read_bytes(), BUSYBOX.read_bytes(),
+                 repr((SUITE, MIRRORS, REDIS_PACKAGES)).encode()):
         key_src.update(hashlib.sha256(part).digest())
     root = cache / key_src.hexdigest()[:16]
-    busybox_name = f"docker.io/library/busybox:{version}"
-    wanted = {PAUSE_IMAGE: root / "pause", busybox_name: root / "busybox"}
     index = root / "images.json"
     if index.is_file():
-        recorded = json.loads(index.read_text())
-        return [ImageLayout(n, wanted[n], recorded[n]) for n in wanted]
+        return [ImageLayout(n, root / d["dir"], d["digest"]) for n, d in json.loads(index.read_text()).items()]
     t0 = time.monotonic()
     partial = root.with_name(root.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     pause = write_oci_layout(partial / "pause", PAUSE_IMAGE,
                              [layer_tar({"/pause": (pause_binary.read_bytes(), 0o755)})],
                              {"Entrypoint": ["/pause"], "User": "65535:65535"})
-    shell = write_oci_layout(partial / "busybox", busybox_name, [_busybox_layer()],
+    shell = write_oci_layout(partial / "busybox", f"docker.io/library/busybox:{version}", [_busybox_layer()],
                              {"Cmd": ["sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]})
-    (partial / "images.json").write_text(json.dumps({a.name: a.digest for a in (pause, shell)}, indent=1))
+    debian_layer(partial / "redis.tar", REDIS_PACKAGES)
+    redis_version = package_version(partial / "redis.tar", "redis-server").split(":")[-1]
+    major_minor = ".".join(redis_version.split(".")[:2])
+    redis = write_oci_layout(partial / "redis", f"docker.io/library/redis:{major_minor}", [partial / "redis.tar"],
+                             {"Cmd": ["redis-server"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                              "Labels": {"dev.rayproof.debian-package": f"redis-server {redis_version}"}})
+    made = (pause, shell, redis)
+    (partial / "images.json").write_text(json.dumps(
+        {a.name: {"dir": a.path.name, "digest": a.digest} for a in made}, indent=1))
     shutil.rmtree(root, ignore_errors=True)
     os.replace(partial, root)
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
-    progress(f"node images built in {time.monotonic() - t0:.1f}s ({size / 2**20:.1f} MiB): {', '.join(wanted)}")
-    return [ImageLayout(a.name, wanted[a.name], a.digest) for a in (pause, shell)]
+    progress(f"node images built in {time.monotonic() - t0:.1f}s ({size / 2**20:.1f} MiB): "
+             f"{', '.join(a.name for a in made)}")
+    return [ImageLayout(a.name, root / a.path.name, a.digest) for a in made]

@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tarfile
@@ -45,13 +44,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from clusters.embedded.nodes import registry
-from clusters.embedded.nodes.images import write_oci_layout
+from clusters.embedded.nodes.images import MIRRORS, SUITE, debian_layer, write_oci_layout
 
 RECIPE = "1"  # bump when the image's layout changes
-SUITE = "bookworm"
-MIRRORS = ("deb http://deb.debian.org/debian bookworm main",
-           "deb http://deb.debian.org/debian bookworm-updates main",
-           "deb http://deb.debian.org/debian-security bookworm-security main")
 DEBIAN_PACKAGES = ("python3.11", "wget", "procps")
 ROOTS = ("ray[default,train,serve]", "torch")  # what the image is for; everything they need comes along
 PYTHON = "/usr/bin/python3.11"
@@ -108,33 +103,6 @@ def content_key(dists: list[Distribution]) -> str:
                  *(f"{d.name}=={d.version}" for d in dists)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
-
-
-def _base_layer(dest: Path) -> None:
-    """Debian minbase with Python, as an uncompressed layer tar at ``dest`` (mmdebstrap, then /dev emptied)."""
-    if shutil.which("mmdebstrap") is None:
-        raise RuntimeError("the Ray image's Debian base is made by mmdebstrap, which is missing: "
-                           "apt-get install -y mmdebstrap (bin/rayproof does it as root)")
-    user, uid, gid = RAY_USER
-    raw = dest.with_name("debian.tar")
-    argv = ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-            "--aptopt=Acquire::Languages \"none\"",
-            *(f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale", "info")),
-            f"--customize-hook=chroot \"$1\" useradd --uid {uid} --gid {gid} --create-home --shell /bin/bash {user}",
-            SUITE, str(raw), *MIRRORS]
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "0"})
-    if done.returncode != 0:
-        raise RuntimeError(f"mmdebstrap could not make the Ray image's Debian base (exit {done.returncode}): "
-                           f"{done.stderr.strip()[-2000:]}")
-    # The runtime mounts its own /dev; a layer carries no device nodes.
-    with tarfile.open(raw) as src, tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as out:
-        for member in src:
-            name = member.name.removeprefix("./")
-            if not name or (name.startswith("dev/") and name != "dev/"):
-                continue
-            member.name = name
-            out.addfile(member, src.extractfile(member) if member.isfile() else None)
-    raw.unlink()
 
 
 def _image_path(src: Path, prefix: Path, site: Path) -> str | None:
@@ -227,7 +195,7 @@ def ensure(cache: Path, base_url: str, progress: Callable[[str], None] = print) 
         t0 = time.monotonic()
         progress(f"Ray image {name}: building (Debian {SUITE} base by mmdebstrap, {len(dists)} Python "
                  "distributions); once per version")
-        _base_layer(work / "base.tar")
+        debian_layer(work / "base.tar", DEBIAN_PACKAGES, user=RAY_USER)
         t_base = time.monotonic() - t0
         size = _env_layer(work / "env.tar", dists, progress)
         user, uid, gid = RAY_USER
