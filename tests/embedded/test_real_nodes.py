@@ -5,10 +5,12 @@ directory, so it never meets the session's platform), brought up under a host
 slot. What is checked is what the node agent can only imitate: the container
 runtime's answers reaching the API through kubelet (an OOM kill's 137 and
 ``lastState``, images pulled from the platform's registry and a pull's
-failure and back-off), kubelet's own server
-(``logs``, ``exec``), pods of two nodes talking across the router through a
-Service (kube-proxy's rules in the node) and cluster DNS, a NetworkPolicy
-dropping that traffic, and a
+failure and back-off), kubelet's own server (``logs``, ``exec``) and probes,
+pods of two nodes talking across the router through a Service (kube-proxy's
+rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic,
+volumes shared by every node or each node's own, the Redis and Ray images
+the platform builds (the pinned Ray and torch inside), KubeRay's own samples
+running on the nodes (one admitted through a team's LocalQueue), and a
 ``down`` that leaves nothing on the machine.
 """
 from __future__ import annotations
