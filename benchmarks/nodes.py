@@ -143,10 +143,9 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
     wall_s = time.monotonic() - began
     pulled = {}
     for event in core.list_namespaced_event(namespace).items:
-        found = re.search(r"Successfully pulled image .* in ([0-9.]+)(m?s) ", event.message or "")
-        if event.reason == "Pulled" and found:
-            value = float(found.group(1))
-            pulled[event.involved_object.name] = round(value / 1000 if found.group(2) == "ms" else value, 1)
+        seconds = pull_seconds(event.message or "") if event.reason == "Pulled" else None
+        if seconds is not None:
+            pulled[event.involved_object.name] = seconds
 
     def disk_bytes(path: Path) -> int:
         out = subprocess.run(["du", "-s", "--block-size=1", str(path)], capture_output=True, text=True, check=True)
@@ -156,6 +155,16 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
             "pull_s_by_node": dict(sorted(pulled.items())), "all_nodes_pulled_wall_s": round(wall_s, 1),
             "containerd_disk_gib_by_node": {n.name: round(disk_bytes(n.dir / "var-lib" / "containerd") / 2**30, 2)
                                             for n in nodes}}
+
+
+def pull_seconds(message: str) -> float | None:
+    """The pull time in kubelet's ``Successfully pulled image "x" in 1m1.795s (...)`` (a Go duration)."""
+    found = re.search(r"Successfully pulled image \S+ in (?:(\d+)h)?(?:(\d+)m(?!s))?(?:([\d.]+)(ms|s))? ", message)
+    if not found or not any(found.groups()):
+        return None
+    hours, minutes, value, unit = found.groups()
+    seconds = float(value or 0) / (1000 if unit == "ms" else 1)
+    return round(int(hours or 0) * 3600 + int(minutes or 0) * 60 + seconds, 1)
 
 
 def _images_cache() -> Path:
