@@ -123,7 +123,7 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
 
     from kubernetes import client
 
-    from clusters.embedded.nodes import layer, rayimage
+    from clusters.embedded.nodes import images, layer, rayimage
     from rayproof import timeouts
     from rayproof.waiting import wait_for
 
@@ -151,7 +151,7 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
         out = subprocess.run(["du", "-s", "--block-size=1", str(path)], capture_output=True, text=True, check=True)
         return int(out.stdout.split()[0])
 
-    return {"image": rayimage.image_name(), "build": rayimage.last_build(_images_cache()),
+    return {"image": rayimage.image_name(), "build": rayimage.last_build(images.cache_dir()),
             "pull_s_by_node": dict(sorted(pulled.items())), "all_nodes_pulled_wall_s": round(wall_s, 1),
             "containerd_disk_gib_by_node": {n.name: round(disk_bytes(n.dir / "var-lib" / "containerd") / 2**30, 2)
                                             for n in nodes}}
@@ -165,12 +165,6 @@ def pull_seconds(message: str) -> float | None:
     hours, minutes, value, unit = found.groups()
     seconds = float(value or 0) / (1000 if unit == "ms" else 1)
     return round(int(hours or 0) * 3600 + int(minutes or 0) * 60 + seconds, 1)
-
-
-def _images_cache() -> Path:
-    from clusters.embedded import build
-
-    return build.cache_root() / "images"
 
 
 def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, Any]:

@@ -31,7 +31,7 @@ from kubernetes import client
 
 from clusters.embedded import build
 from clusters.embedded.controlplane import Supervisor
-from clusters.embedded.nodes import node as node_mod
+from clusters.embedded.nodes import node as node_mod, rayimage
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import busybox_version
 from clusters.embedded.platform import EmbeddedPlatform
@@ -286,16 +286,12 @@ def test_the_profiles_redis_image_serves_a_gcs_store_behind_its_password(
     assert said.split() == ["-NOAUTH", "Authentication", "required.", "+OK", "+PONG"], said
 
 
-def ray_image() -> str:
-    return f"rayproject/ray:{metadata.version('ray')}"
-
-
 def kuberay_sample(name: str) -> dict[str, Any]:
     """One of KubeRay's own samples, from the pinned ray-operator module, with the Ray image's name swapped in."""
     text = (build.manifests_dir() / "kuberay" / "samples" / name).read_text()
     images = set(re.findall(r"image: (rayproject/ray:[0-9.]+)", text))
     assert len(images) == 1, images  # the sample names one Ray image; it is the only thing changed
-    return yaml.safe_load(text.replace(images.pop(), ray_image()))
+    return yaml.safe_load(text.replace(images.pop(), rayimage.image_name()))
 
 
 def test_every_node_pulls_the_ray_image_with_the_suites_ray_and_torch(core: client.CoreV1Api, namespace: str) -> None:
@@ -303,7 +299,7 @@ def test_every_node_pulls_the_ray_image_with_the_suites_ray_and_torch(core: clie
     for node in range(1, NODES + 1):
         script = ("id -u; python -c 'import ray, torch; from importlib.metadata import version; "
                   "print(version(\"ray\"), version(\"torch\"), torch.__version__)'")
-        pod = shell_pod(f"ray-{node}", script, node=node, memory="1Gi", image=ray_image())
+        pod = shell_pod(f"ray-{node}", script, node=node, memory="1Gi", image=rayimage.image_name())
         pod["spec"]["restartPolicy"] = "Never"
         pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"  # importing torch takes a core
         core.create_namespaced_pod(namespace, pod)

@@ -45,7 +45,12 @@ class ImageLayout:
     digest: str  # the manifest's digest (what kubelet reports as imageID)
 
 
-def _tar_info(name: str, *, kind: bytes = tarfile.REGTYPE, size: int = 0, mode: int = 0o644,
+def cache_dir() -> Path:
+    """Where the node images are built and their records kept (shared by every platform)."""
+    return build.cache_root() / "images"
+
+
+def tar_info(name: str, *, kind: bytes = tarfile.REGTYPE, size: int = 0, mode: int = 0o644,
               link: str = "") -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.size, info.mode, info.linkname, info.mtime = kind, size, mode, link, _EPOCH
@@ -59,13 +64,13 @@ def layer_tar(files: Mapping[str, bytes | tuple[bytes, int]], dirs: Sequence[str
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for d in sorted(dirs):
-            tar.addfile(_tar_info(d.lstrip("/"), kind=tarfile.DIRTYPE, mode=0o1777 if d == "/tmp" else 0o755))
+            tar.addfile(tar_info(d.lstrip("/"), kind=tarfile.DIRTYPE, mode=0o1777 if d == "/tmp" else 0o755))
         for path in sorted(files):
             value = files[path]
             data, mode = value if isinstance(value, tuple) else (value, 0o644)
-            tar.addfile(_tar_info(path.lstrip("/"), size=len(data), mode=mode), io.BytesIO(data))
+            tar.addfile(tar_info(path.lstrip("/"), size=len(data), mode=mode), io.BytesIO(data))
         for path, target in sorted((symlinks or {}).items()):
-            tar.addfile(_tar_info(path.lstrip("/"), kind=tarfile.SYMTYPE, mode=0o777, link=target))
+            tar.addfile(tar_info(path.lstrip("/"), kind=tarfile.SYMTYPE, mode=0o777, link=target))
     return buf.getvalue()
 
 

@@ -71,7 +71,7 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
         if sent:
             progress(f"pushed {layout.name} to the node registry: {sent / 2**20:.1f} MiB in "
                      f"{time.monotonic() - t0:.1f}s")
-    rayimage.ensure(build.cache_root() / "images", base, progress)
+    rayimage.ensure(images_mod.cache_dir(), base, progress)
     return port
 
 
@@ -88,7 +88,7 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     from clusters.embedded.controlplane import write_kubeconfig
 
     binaries = platform.binaries()
-    layouts = images_mod.ensure_images(build.cache_root() / "images", Path(binaries["pause"]), progress)
+    layouts = images_mod.ensure_images(images_mod.cache_dir(), Path(binaries["pause"]), progress)
     nodes = nodes_of(platform)
     gpus = int(platform.profile.node_shape.get("nvidia.com/gpu", "0"))
     # kube-proxy's identity, bound by the API server's bootstrap policy to system:node-proxier.

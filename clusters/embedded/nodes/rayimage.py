@@ -32,7 +32,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import sys
 import sysconfig
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from clusters.embedded.nodes import registry
-from clusters.embedded.nodes.images import MIRRORS, SUITE, debian_layer, write_oci_layout
+from clusters.embedded.nodes.images import MIRRORS, SUITE, debian_layer, tar_info, write_oci_layout
 
 RECIPE = "1"  # bump when the image's layout changes
 DEBIAN_PACKAGES = ("python3.11", "wget", "procps")
@@ -52,7 +51,6 @@ ROOTS = ("ray[default,train,serve]", "torch")  # what the image is for; everythi
 PYTHON = "/usr/bin/python3.11"
 SITE = "usr/local/lib/python3.11/dist-packages"  # Debian's site directory for local installs
 RAY_USER = ("ray", 1000, 100)
-_EPOCH = 0
 
 
 @dataclass(frozen=True)
@@ -62,21 +60,18 @@ class Distribution:
     dist: metadata.Distribution
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def closure(roots: tuple[str, ...] = ROOTS, path: list[str] | None = None) -> list[Distribution]:
     """The installed distributions ``roots`` need (requirements with extras and markers), sorted by name."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
-    installed = {_normal(d.metadata["Name"]): d for d in metadata.distributions(path=path or sys.path)}
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in metadata.distributions(path=path or sys.path)}
     wanted: dict[str, Distribution] = {}
     seen: set[tuple[str, str]] = set()
     todo = [Requirement(r) for r in roots]
     while todo:
         req = todo.pop()
-        name = _normal(req.name)
+        name = canonicalize_name(req.name)
         dist = installed.get(name)
         if dist is None:
             raise RuntimeError(f"the Ray image needs the Python distribution {req.name}, which is not installed "
@@ -141,42 +136,33 @@ def _env_layer(dest: Path, dists: list[Distribution], progress: Callable[[str], 
                 add_dir(parent)
             if path not in dirs:
                 dirs.add(path)
-                info = tarfile.TarInfo(path)
-                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, _EPOCH
-                tar.addfile(info)
+                tar.addfile(tar_info(path, kind=tarfile.DIRTYPE, mode=0o755))
 
         for i, (path, src) in enumerate(files):
             add_dir(os.path.dirname(path))
-            info = tarfile.TarInfo(path)
-            info.mtime, info.mode = _EPOCH, 0o755 if os.access(src, os.X_OK) else 0o644
+            mode = 0o755 if os.access(src, os.X_OK) else 0o644
             if path.startswith("usr/local/bin/"):
                 data = src.read_bytes()
                 first, nl, rest = data.partition(b"\n")
                 if first.startswith(b"#!") and prefix.encode() in first:
                     data = b"#!" + PYTHON.encode() + nl + rest  # the script's interpreter, as pip writes it
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+                tar.addfile(tar_info(path, size=len(data), mode=mode), io.BytesIO(data))
+                total += len(data)
             else:
-                info.size = src.stat().st_size
+                size = src.stat().st_size
                 with src.open("rb") as f:
-                    tar.addfile(info, f)
-            total += info.size
+                    tar.addfile(tar_info(path, size=size, mode=mode), f)
+                total += size
             if i % 5000 == 0:
                 progress(f"Ray image: environment layer {i}/{len(files)} files, {total / 2**30:.1f} GiB")
         for name in ("python", "python3"):  # `python` as in Ray's images (KubeRay and the workloads call it)
-            info = tarfile.TarInfo(f"usr/local/bin/{name}")
-            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, PYTHON, 0o777, _EPOCH
-            tar.addfile(info)
+            tar.addfile(tar_info(f"usr/local/bin/{name}", kind=tarfile.SYMTYPE, mode=0o777, link=PYTHON))
     return total
-
-
-def _record(cache: Path, dists: list[Distribution]) -> Path:
-    return cache / f"ray-{content_key(dists)}.json"
 
 
 def last_build(cache: Path) -> dict | None:
     """What building the current Ray image took (its record: seconds, bytes), or None if never built."""
-    record = _record(cache, closure())
+    record = cache / f"ray-{content_key(closure())}.json"
     return json.loads(record.read_text()) if record.is_file() else None
 
 
@@ -185,7 +171,7 @@ def ensure(cache: Path, base_url: str, progress: Callable[[str], None] = print) 
     name = image_name()
     dists = closure()
     key = content_key(dists)
-    record = _record(cache, dists)
+    record = cache / f"ray-{key}.json"
     if record.is_file() and registry.has_manifest(base_url, name, json.loads(record.read_text())["digest"]):
         return name
     work = cache / f"ray-{key}.partial"

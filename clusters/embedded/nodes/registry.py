@@ -56,26 +56,23 @@ def repository(name: str) -> tuple[str, str]:
 
 
 def _request(method: str, url: str, data=None, headers: dict[str, str] | None = None,
-             ) -> tuple[int, dict[str, str]]:
+             ) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=300) as resp:
-            resp.read()
-            return resp.status, dict(resp.headers)
+            return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers)
+        return exc.code, dict(exc.headers), b""
 
 
 def has_manifest(base_url: str, name: str, digest: str) -> bool:
     """Whether the registry holds the manifest ``digest`` as ``name``'s tag, with every blob it names."""
     repo, tag = repository(name)
-    status, headers = _request("HEAD", f"{base_url}/v2/{repo}/manifests/{tag}",
-                               headers={"Accept": MANIFEST_TYPE})
+    status, headers, body = _request("GET", f"{base_url}/v2/{repo}/manifests/{tag}",
+                                      headers={"Accept": MANIFEST_TYPE})
     if status != 200 or headers.get("Docker-Content-Digest") != digest:
         return False
-    with urllib.request.urlopen(urllib.request.Request(f"{base_url}/v2/{repo}/manifests/{digest}",
-                                                       headers={"Accept": MANIFEST_TYPE}), timeout=60) as resp:
-        manifest = json.loads(resp.read())
+    manifest = json.loads(body)
     return all(_request("HEAD", f"{base_url}/v2/{repo}/blobs/{d['digest']}")[0] == 200
                for d in [manifest["config"], *manifest["layers"]])
 
@@ -96,10 +93,10 @@ def push(layout: Path, name: str, base_url: str) -> int:
     uploaded = 0
     for desc in [parsed["config"], *parsed["layers"]]:
         digest = desc["digest"]
-        status, _ = _request("HEAD", f"{base_url}/v2/{repo}/blobs/{digest}")
+        status, _, _ = _request("HEAD", f"{base_url}/v2/{repo}/blobs/{digest}")
         if status == 200:
             continue
-        status, headers = _request("POST", f"{base_url}/v2/{repo}/blobs/uploads/")
+        status, headers, _ = _request("POST", f"{base_url}/v2/{repo}/blobs/uploads/")
         if status != 202:
             raise RuntimeError(f"registry {base_url}: starting an upload to {repo} answered {status}")
         location = headers["Location"]
@@ -108,12 +105,12 @@ def push(layout: Path, name: str, base_url: str) -> int:
         sep = "&" if "?" in location else "?"
         size = blob(digest).stat().st_size
         with blob(digest).open("rb") as body:
-            status, _ = _request("PUT", f"{location}{sep}digest={digest}", body,
+            status, _, _ = _request("PUT", f"{location}{sep}digest={digest}", body,
                                  {"Content-Type": "application/octet-stream", "Content-Length": str(size)})
         if status != 201:
             raise RuntimeError(f"registry {base_url}: uploading {digest} to {repo} answered {status}")
         uploaded += size
-    status, _ = _request("PUT", f"{base_url}/v2/{repo}/manifests/{tag}", manifest,
+    status, _, _ = _request("PUT", f"{base_url}/v2/{repo}/manifests/{tag}", manifest,
                          {"Content-Type": MANIFEST_TYPE})
     if status != 201:
         raise RuntimeError(f"registry {base_url}: putting the manifest of {repo}:{tag} answered {status}")
