@@ -42,7 +42,13 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 COMPONENTS = [
     ("kube-apiserver", "kube-apiserver"), ("kube-controller-manager", "kube-controller-manager"),
     ("kube-scheduler", "kube-scheduler"), ("/etcd", "etcd"), ("kuberay-operator", "kuberay-operator"),
-    ("kueue", "kueue"), ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
+    ("kueue", "kueue"), ("clusters.embedded.nodeagent.provisioner", "volume provisioner"),
+    ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
+    # The real nodes (nodes.runtime: kubelet): per node kubelet, containerd (its shims apart), kube-proxy and
+    # the fake GPU plugin; once for all of them the registry and the relay.
+    ("/kubelet", "kubelet"), ("containerd-shim", "containerd shims"), ("/containerd", "containerd"),
+    ("/kube-proxy", "kube-proxy"), ("/fakegpu", "fake GPU device plugin"), ("/registry", "node image registry"),
+    ("clusters.embedded.nodes.relay", "node relay"),
     ("redis-server", "redis (GCS fault tolerance)"), ("/gcs_server", "ray: gcs_server"), ("/raylet", "ray: raylet"),
     ("dashboard/agent.py", "ray: dashboard agent"), ("ray::DashboardAgent", "ray: dashboard agent"),
     ("runtime_env/agent", "ray: runtime-env agent"), ("ray::RuntimeEnvAgent", "ray: runtime-env agent"),
@@ -92,8 +98,9 @@ def component_of(cmdline: str, name: str) -> str:
 # (by program), else "elsewhere" (the control plane, the operators, pytest's
 # controller). A pod's processes descend from the node agent; the runtime
 # tier's local Ray clusters and drivers from the xdist workers.
-ORIGINS = [("clusters.embedded.nodeagent", "Kubernetes pods (node agent)"),
-           ("sys.stdin.readline()", "test workers (the runtime tier's local Ray clusters, drivers)")]
+ORIGINS = [("clusters.embedded.nodeagent run", "Kubernetes pods (node agent)"),
+           ("sys.stdin.readline()", "test workers (the runtime tier's local Ray clusters, drivers)"),
+           ("containerd-shim", "Kubernetes pods (real nodes: containerd's shims)")]
 ELSEWHERE = "elsewhere (control plane, operators, test processes themselves)"
 
 

@@ -12,6 +12,7 @@ from benchmarks.certification import ORIGINS, ProcessCpu, component_of
 
 VENV = "/root/.cache/rayproof/venv-x/bin/python3"
 SITE = "/root/.cache/rayproof/venv-x/lib/python3.11/site-packages/ray"
+BIN = "/root/.cache/rayproof/bin/bca9e41b3a03e1d1"
 
 
 def test_components_are_told_apart_by_command_line():
@@ -50,6 +51,20 @@ def test_components_are_told_apart_by_command_line():
         ("/usr/bin/redis-server 0.0.0.0:6379", "redis-server"): "redis (GCS fault tolerance)",
         ("/usr/bin/python3 /tmp/x.py", "python3"): "python (other)",
         ("/usr/sbin/sshd -D", "sshd"): "other",
+        # The real nodes' programs (nodes.runtime: kubelet), from the build's bin directory.
+        (f"{BIN}/kubelet --config /r/nodes/n1/kubelet.yaml --kubeconfig k", "kubelet"): "kubelet",
+        (f"{BIN}/containerd --config /r/nodes/n1/containerd.toml", "containerd"): "containerd",
+        (f"{BIN}/containerd-shim-runc-v2 -namespace k8s.io -id 0123 -address /run/containerd/containerd.sock",
+         "containerd-shim"): "containerd shims",
+        (f"{BIN}/kube-proxy --config /r/nodes/n1/kube-proxy.yaml", "kube-proxy"): "kube-proxy",
+        (f"{BIN}/registry serve /r/registry.yml", "registry"): "node image registry",
+        (f"{BIN}/fakegpu --count 8 --id-prefix rayproof-node-1-", "fakegpu"): "fake GPU device plugin",
+        (f"{VENV} -m clusters.embedded.nodes.relay --ready /r/relay.ready", "python3"): "node relay",
+        (f"{VENV} -m clusters.embedded.nodeagent.provisioner --kubeconfig k", "python3"): "volume provisioner",
+        # A pod's Ray on a real node runs the image's Python, not the venv's.
+        ("/usr/bin/python3.11 /usr/local/bin/ray start --head --block", "ray"): "ray: `ray start`",
+        ("/usr/local/lib/python3.11/dist-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray", "gcs_server"):
+            "ray: gcs_server",
     }
     assert {key: component_of(*key) for key in cases} == cases
 

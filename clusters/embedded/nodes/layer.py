@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay
-from clusters.embedded.nodes.node import Node, env_for, v1_hierarchies
+from clusters.embedded.nodes.node import Node, env_for, machine_capacity, system_reserved, v1_hierarchies
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -93,6 +93,10 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     gpus = int(platform.profile.node_shape.get("nvidia.com/gpu", "0"))
     # kube-proxy's identity, bound by the API server's bootstrap policy to system:node-proxier.
     proxy_cert = platform.pki.ca.issue(platform.run_dir / "pki", "kube-proxy", "system:kube-proxy", client=True)
+    reserved, short = system_reserved(platform.profile.node_shape, *machine_capacity())
+    if short:
+        progress(f"platform {platform.name}: the profile's node shape asks more than this machine has, so each "
+                 f"kubelet node offers the machine's own: {', '.join(short)}")
     for node in nodes:
         # Registered after the pod network's teardown, so each runs before it: nodes go before the router.
         platform.register_cleanup("clusters.embedded.nodes.node:teardown", platform=platform.name,
@@ -106,7 +110,7 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
                                             f"https://127.0.0.1:{relay.API_SERVER_PORT}", platform.ca_file,
                                             proxy_cert, "system:kube-proxy")
         node.prepare(ca_file=platform.ca_file, proxy_kubeconfig=proxy_kubeconfig,
-                     serving_cert=certs.serving.cert, serving_key=certs.serving.key)
+                     serving_cert=certs.serving.cert, serving_key=certs.serving.key, reserved=reserved)
 
     registry_port = _start_registry(platform, binaries, layouts, progress)
     ready = platform.run_dir / "relay.ready"

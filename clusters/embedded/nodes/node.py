@@ -53,6 +53,44 @@ HOST_PATHS = ("/var/lib/kubelet", "/var/lib/containerd", "/var/lib/cni", "/run/c
 HOST_PATHS_BEFORE = "host-paths-before.json"  # which of them the machine had before the node started
 
 
+# kubelet's own default memory.available eviction threshold, kept (``_kubelet_yaml``).
+MEMORY_EVICTION_THRESHOLD = "100Mi"
+
+
+def machine_capacity() -> tuple[int, int]:
+    """(CPUs, memory bytes) as kubelet's cAdvisor reads them for every node on this machine."""
+    meminfo = Path("/proc/meminfo").read_text()
+    kib = int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemTotal:")))
+    return os.cpu_count() or 1, kib * 1024
+
+
+def system_reserved(shape: Mapping[str, str], cpus: int, memory_bytes: int) -> tuple[dict[str, str], list[str]]:
+    """kubelet's ``systemReserved`` that brings a node's allocatable CPU and memory down to the profile's
+    node shape, and what the shape asks that this machine cannot give (kubelet reports the machine's own
+    CPUs and memory as every node's capacity, and reserves only subtract from it).
+
+    Memory: allocatable = capacity - systemReserved - the eviction threshold, so the threshold is
+    counted in. A shape without cpu or memory leaves that resource as kubelet reports it."""
+    from kubernetes.utils import parse_quantity
+
+    reserved: dict[str, str] = {}
+    short: list[str] = []
+    if "cpu" in shape:
+        want_m = int(parse_quantity(shape["cpu"]) * 1000)
+        if want_m < cpus * 1000:
+            reserved["cpu"] = f"{cpus * 1000 - want_m}m"
+        elif want_m > cpus * 1000:
+            short.append(f"cpu {shape['cpu']} (the machine has {cpus})")
+    if "memory" in shape:
+        want = int(parse_quantity(shape["memory"]))
+        spare = memory_bytes - want - int(parse_quantity(MEMORY_EVICTION_THRESHOLD))
+        if spare > 0:
+            reserved["memory"] = f"{spare // 2**20}Mi"
+        elif want > memory_bytes:
+            short.append(f"memory {shape['memory']} (the machine has {memory_bytes / 2**30:.1f}Gi)")
+    return reserved, short
+
+
 def v1_hierarchies(*, with_unified: bool = False) -> list[Path]:
     """Mount points of the machine's cgroup v1 hierarchies (controllers and named ones).
 
@@ -96,9 +134,11 @@ class Node:
 
     # -- files ------------------------------------------------------------------------
 
-    def prepare(self, *, ca_file: Path, serving_cert: Path, serving_key: Path, proxy_kubeconfig: Path) -> None:
+    def prepare(self, *, ca_file: Path, serving_cert: Path, serving_key: Path, proxy_kubeconfig: Path,
+                reserved: Mapping[str, str]) -> None:
         """Write every file the node's programs read, and make its cgroup tree
-        (the caller has written kubelet's kubeconfig, ``kubelet.kubeconfig``)."""
+        (the caller has written kubelet's kubeconfig, ``kubelet.kubeconfig``). ``reserved`` is kubelet's
+        ``systemReserved`` (``system_reserved``)."""
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
         (d / HOST_PATHS_BEFORE).write_text(json.dumps(host_leaks()))
@@ -112,7 +152,7 @@ class Node:
         (d / "certs.d/_default/hosts.toml").write_text(
             f'server = "{registry}"\n\n[host."{registry}"]\n  capabilities = ["pull", "resolve"]\n')
         (d / "containerd.toml").write_text(self._containerd_toml())
-        (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key))
+        (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key, reserved))
         (d / "kube-proxy.yaml").write_text(self._kube_proxy_yaml(proxy_kubeconfig))
         (d / "enter.sh").write_text(self._enter_script())
         self._make_cgroups()
@@ -158,7 +198,7 @@ state = "/run/containerd"
   stream_server_address = "127.0.0.1"
 """
 
-    def _kubelet_yaml(self, ca_file: Path, serving_cert: Path, serving_key: Path) -> str:
+    def _kubelet_yaml(self, ca_file: Path, serving_cert: Path, serving_key: Path, reserved: Mapping[str, str]) -> str:
         import yaml
 
         cfg = {
@@ -187,9 +227,12 @@ state = "/run/containerd"
             # use: its free space says nothing about a node, so disk pressure neither evicts pods nor
             # collects images (kind's nodes are configured so, for the same reason). Memory pressure
             # keeps kubelet's default threshold.
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%", "nodefs.inodesFree": "0%",
+            "evictionHard": {"memory.available": MEMORY_EVICTION_THRESHOLD, "nodefs.available": "0%", "nodefs.inodesFree": "0%",
                              "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
             "imageGCHighThresholdPercent": 100,
+            # The profile's node shape, as far as the machine has it (``system_reserved``): four nodes on
+            # one machine would otherwise each offer the scheduler and Kueue all of its memory.
+            **({"systemReserved": reserved} if reserved else {}),
             "rotateCertificates": False,
             "serverTLSBootstrap": False,
             "staticPodPath": "",
