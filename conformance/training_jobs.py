@@ -106,6 +106,18 @@ def collectives_in_flight(events: list[dict[str, Any]], at: float) -> list[dict[
     return in_flight
 
 
+def newest_checkpoint_begun(events: list[dict[str, Any]], before: float) -> int | None:
+    """The newest step whose checkpoint some rank had begun saving before wall time ``before``.
+
+    A pod deleted through the API is not stopped at that instant: its containers run until its
+    kubelet kills them (real kubelet nodes: checkpoint 10 saved 0.21 s after a worker's
+    force-deletion, and restored). So what a restart may restore is bounded by what was begun
+    before the restart, not by the deletion."""
+    begun = [e["step"] for e in events if e["event"] == "collective" and e["op"] == "checkpoint"
+             and e["phase"] == "begin" and e["ts"] < before]
+    return max(begun) if begun else None
+
+
 def promised_fail_fast_bound(profile: Any, evidence: Any) -> float:
     """The platform's promise: how soon a training whose collectives cannot
     complete fails or restarts (profile ``training.maxCollectiveTimeout``)."""

@@ -131,6 +131,21 @@ def test_collectives_in_flight_are_begun_and_not_ended_at_the_moment():
     assert collectives_in_flight(events, 9.0) == []
 
 
+def test_the_newest_checkpoint_begun_is_bounded_by_the_moment_and_ignores_other_collectives():
+    from conformance.training_jobs import newest_checkpoint_begun
+
+    def span(phase, ts, op, step):
+        return {"event": "collective", "phase": phase, "ts": ts, "rank": 0, "op": op, "step": step}
+
+    events = [span("begin", 5.0, "checkpoint", 5), span("end", 5.5, "checkpoint", 5),
+              span("begin", 10.0, "checkpoint", 10),  # begun, its pod deleted at 10.1, never ended
+              span("begin", 11.0, "all_reduce", 11), {"event": "step", "ts": 11.0, "step": 11},
+              span("begin", 20.0, "checkpoint", 15)]  # after the restart
+    assert newest_checkpoint_begun(events, 15.0) == 10
+    assert newest_checkpoint_begun(events, 7.0) == 5
+    assert newest_checkpoint_begun(events, 5.0) is None  # strictly before
+
+
 def test_the_collective_timeout_comes_from_the_platform_environment(monkeypatch):
     from workloads.fsdp_train import COLLECTIVE_TIMEOUT_ENV, parse_args
 
