@@ -1,11 +1,18 @@
-"""The real nodes' kubelet configuration, checked without a kubelet: what the profile's node shape becomes."""
+"""The real nodes' configuration, checked without running it: what the profile's node shape becomes in
+kubelet's configuration, cluster DNS's objects, the relay's addresses."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+import pytest
 import yaml
 
+from clusters.embedded.nodes import dns
+from clusters.embedded.nodes.images import COREDNS_IMAGE
 from clusters.embedded.nodes.node import Node, system_reserved
+from clusters.embedded.nodes.relay import _expose
+from clusters.embedded.podnet import DNS_IP
 
 GIB = 2**30
 
@@ -38,3 +45,31 @@ def test_the_reservation_is_in_kubelets_configuration_and_absent_when_empty(tmp_
     assert cfg["systemReserved"] == {"memory": "8092Mi"}
     assert cfg["evictionHard"]["memory.available"] == "100Mi"
     assert "systemReserved" not in yaml.safe_load(node._kubelet_yaml(**files, reserved={}))
+
+
+def test_cluster_dns_is_kubeadms_coredns_at_the_kubelets_cluster_dns_address_with_nothing_forwarded() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in dns.documents()}
+    service = docs[("Service", "kube-dns")]
+    assert service["metadata"]["namespace"] == "kube-system" and service["spec"]["clusterIP"] == DNS_IP
+    deployment = docs[("Deployment", "coredns")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    assert pod["containers"][0]["image"] == COREDNS_IMAGE and pod["serviceAccountName"] == "coredns"
+    corefile = docs[("ConfigMap", "coredns")]["data"]["Corefile"]
+    assert "kubernetes cluster.local in-addr.arpa ip6.arpa" in corefile
+    assert "forward" not in corefile  # no query leaves the machine
+    # What the Corefile names is what the build's main imports (gomod/coredns/main.go).
+    plugins = {line.split()[0] for line in corefile.splitlines()[1:] if line.startswith("    ") and
+               not line.startswith("     ") and line.strip() not in ("}",)}
+    main_go = (Path(dns.__file__).parents[1] / "gomod" / "coredns" / "main.go").read_text()
+    directive = {"prometheus": "metrics"}
+    assert plugins and all(f"plugin/{directive.get(p, p)}\"" in main_go for p in plugins), plugins
+    role = docs[("ClusterRole", "system:coredns")]
+    assert {v for rule in role["rules"] for v in rule["verbs"]} == {"list", "watch"}  # reads, never writes
+
+
+def test_the_relay_exposes_an_address_in_a_namespace_and_refuses_a_malformed_one() -> None:
+    assert _expose("rayproof-p-net=198.18.0.1:6443=40123") == ("rayproof-p-net", "198.18.0.1", 6443, 40123)
+    for bad in ("rayproof-p-net=198.18.0.1:6443", "=198.18.0.1:1=2", "ns=:1=2", "ns=198.18.0.1:x=2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _expose(bad)

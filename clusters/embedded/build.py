@@ -82,10 +82,10 @@ RECIPE = "3"
 # them read-only (-mod=readonly), so every module and its hash is fixed in the
 # repository; `python -m clusters.embedded.build --relock` rewrites them.
 LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
-COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause", "registry")
+COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause", "registry", "coredns")
 # The platform's recorded pins (pinned_versions()); the rest is the node layer.
 PLATFORM_COMPONENTS = ("kubernetes", "etcd", "kuberay", "kueue")
-NODE_COMPONENTS = ("containerd", "runc", "cni", "pause", "registry")
+NODE_COMPONENTS = ("containerd", "runc", "cni", "pause", "registry", "coredns")
 # KubeRay operator versions the embedded platform can be upgraded to
 # (`certify --upgrade-to`), each a consumer module locked the same way in
 # upgrades/kuberay-<version>/ (`--relock-kuberay VERSION` writes it). Kept
@@ -110,6 +110,7 @@ BINARIES = (
     "pause",
     "fakegpu",
     "registry",
+    "coredns",
 )
 # Programs of our own built on the Kubernetes module graph, each a main package
 # committed under gomod/kubernetes/<name>/ (their sources are in the build key):
@@ -606,6 +607,10 @@ def _prepare(
         pkg = f"{mod}/cmd/registry"
         text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [pkg])
         builds = [("registry", pkg, "", f"-s -w -X {mod}/version.version={ver} -X {mod}/version.mainpkg={mod}")]
+    elif name == "coredns":
+        # Our own main (gomod/coredns/main.go) with the plugins the Corefile uses.
+        text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [])
+        builds = [("coredns", local, "", "-s -w")]
     elif name == "pause":
         text = _gomod(local, go_line, godebug, [], [])  # its main.go is committed beside its go.mod
         builds = [("pause", local, "", f"-s -w -X main.version={ver}")]

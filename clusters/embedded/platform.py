@@ -193,8 +193,13 @@ class EmbeddedPlatform:
         return self._binaries
 
     def control_plane(self) -> ControlPlane:
+        # Real nodes' pods reach the API server at the router's address (nodes/relay.py), so it is
+        # the `kubernetes` Service's endpoint there; the node agent's pods have no way in.
+        from clusters.embedded.podnet import ROUTER_IP
+
         return ControlPlane(self.run_dir, self.profile, self._binaries or {},
                             supervisor=self.supervisor, state=self.state,
+                            advertise_address=ROUTER_IP if self.profile.node_runtime == "kubelet" else None,
                             egress_selector_config_file=self.run_dir / "egress-selector.yaml")
 
     @property
@@ -222,6 +227,10 @@ class EmbeddedPlatform:
 
         wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
                  description=f"{want} Ready nodes of platform {self.name}" + (f" with {gpus} GPUs each" if gpus else ""))
+        if self.profile.node_runtime == "kubelet":
+            from clusters.embedded.nodes import dns
+
+            dns.deploy(self.api_client(), self.progress)
 
     def _start_node_agents(self) -> None:
         """The node agent: one process acting as kubelet and runtime for every node."""
@@ -249,6 +258,8 @@ class EmbeddedPlatform:
             argv.append("--no-network-policy")
         if self.profile.data["network"]["policyCutsOpenConnections"]:
             argv.append("--recheck-established")
+        if self.profile.node_runtime == "kubelet":
+            argv.append("--no-dns")  # CoreDNS pods serve it (nodes/dns.py)
         self.start_process("podnet", argv, env=_python_env())
         ready = self.podnet_dir / "controller.ready"
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,

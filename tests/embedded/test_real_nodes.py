@@ -8,6 +8,7 @@ runtime's answers reaching the API through kubelet (an OOM kill's 137 and
 failure and back-off), kubelet's own server (``logs``, ``exec``) and probes,
 pods of two nodes talking across the router through a Service (kube-proxy's
 rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic,
+cluster DNS served by CoreDNS pods and cut by a pod's egress policy,
 volumes shared by every node or each node's own, the Redis and Ray images
 the platform builds (the pinned Ray and torch inside), KubeRay's own samples
 running on the nodes (one admitted through a team's LocalQueue), and a
@@ -33,9 +34,10 @@ from clusters.embedded import build
 from clusters.embedded.controlplane import Supervisor
 from clusters.embedded.nodes import node as node_mod, rayimage
 from clusters.embedded.nodes.fabric import NodeNet
-from clusters.embedded.nodes.images import busybox_version
+from clusters.embedded.nodes.images import COREDNS_IMAGE, busybox_version
 from clusters.embedded.platform import EmbeddedPlatform
-from clusters.embedded.podnet import _host
+from clusters.embedded.pki import FIRST_SERVICE_IP
+from clusters.embedded.podnet import DNS_IP, _host
 from fixtures.sharing import host_slot
 from rayproof import timeouts
 from rayproof.waiting import wait_for
@@ -228,6 +230,51 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
         blocked = wait_for(lambda p=pod: fetch(p), lambda r: r.returncode != 0, timeout=timeouts.CONTROLLER_RECONCILE,
                            description=f"the deny-ingress policy to cut {pod} off")
         assert "served-by-server" not in blocked.stdout
+
+
+def test_cluster_dns_is_coredns_pods_and_a_pods_egress_policy_governs_its_dns(
+        platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
+    """Cluster DNS is CoreDNS pods behind kube-dns (the router serves none), they reach the API server
+    through ``kubernetes.default``, and a pod's DNS is pod-to-pod traffic that its NetworkPolicies judge:
+    denying its egress cuts its DNS, allowing port 53 gives it back (issue 14: on the node agent, DNS
+    answered from the router and bypassed policy)."""
+    from clusters.embedded.nodes import dns
+
+    service = core.read_namespaced_service("kube-dns", dns.NAMESPACE)
+    assert service.spec.cluster_ip == DNS_IP
+    pods = core.list_namespaced_pod(dns.NAMESPACE, label_selector="k8s-app=kube-dns").items
+    assert pods and {p.spec.containers[0].image for p in pods} == {COREDNS_IMAGE}
+    assert all(p.status.phase == "Running" and p.status.pod_ip for p in pods), [p.status for p in pods]
+    core.create_namespaced_pod(namespace, shell_pod("dns-client", "sleep 3600", labels={"app": "dns-client"}))
+    wait_for(lambda: core.read_namespaced_pod("dns-client", namespace).status.phase, lambda ph: ph == "Running",
+             timeout=timeouts.POD_START, description="pod dns-client Running")
+
+    def run(script: str) -> subprocess.CompletedProcess[str]:
+        return kubectl(platform, "-n", namespace, "exec", "dns-client", "--", "sh", "-c", script, check=False)
+
+    def lookup() -> subprocess.CompletedProcess[str]:
+        return run("timeout 5 nslookup kubernetes.default.svc.cluster.local")
+
+    answered = wait_for(lookup, lambda r: FIRST_SERVICE_IP in r.stdout, timeout=timeouts.CONTAINER_TRANSITION,
+                        description="kubernetes.default's address from cluster DNS")
+    assert DNS_IP in answered.stdout, answered.stdout  # the pod's resolv.conf server, kubelet's clusterDNS
+    # The API server behind kubernetes.default answers a pod (TLS handshake, then HTTP 401/403 without a token).
+    api = run("timeout 5 nc -w 3 kubernetes.default.svc 443 </dev/null && echo connected")
+    assert "connected" in api.stdout, (api.stdout, api.stderr)
+
+    policies = client.NetworkingV1Api(platform.api_client())
+    policies.create_namespaced_network_policy(namespace, {
+        "metadata": {"name": "dns-client-no-egress", "labels": LABELS},
+        "spec": {"podSelector": {"matchLabels": {"app": "dns-client"}}, "policyTypes": ["Egress"]}})
+    cut = wait_for(lookup, lambda r: FIRST_SERVICE_IP not in r.stdout, timeout=timeouts.CONTROLLER_RECONCILE,
+                   description="an egress policy allowing nothing to cut dns-client's DNS")
+    assert cut.returncode != 0, cut.stdout
+    policies.create_namespaced_network_policy(namespace, {
+        "metadata": {"name": "dns-client-dns", "labels": LABELS},
+        "spec": {"podSelector": {"matchLabels": {"app": "dns-client"}}, "policyTypes": ["Egress"],
+                 "egress": [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]}})
+    wait_for(lookup, lambda r: FIRST_SERVICE_IP in r.stdout, timeout=timeouts.CONTROLLER_RECONCILE,
+             description="an egress policy allowing port 53 to give dns-client its DNS back")
 
 
 def test_claims_get_volumes_shared_by_every_node_or_each_nodes_own(core: client.CoreV1Api, namespace: str) -> None:

@@ -6,6 +6,8 @@ Each image is one uncompressed layer:
   built with the platform (``build.py``);
 * the shell image ``docker.io/library/busybox:<version>``: Debian's static
   busybox with one link per applet;
+* CoreDNS's image (``versions.toml`` ``[coredns] image``): the ``coredns``
+  program built with the platform, alone;
 * the Redis image ``docker.io/library/redis:<major.minor>`` (GCS fault
   tolerance's store): Debian's ``redis-server`` on a Debian base made by
   mmdebstrap (:func:`debian_layer`, the one step that needs Debian's mirror).
@@ -32,6 +34,7 @@ from typing import Mapping, Sequence
 from clusters.embedded import build
 
 PAUSE_IMAGE = build.load_versions()["pause"]["image"]  # the sandbox image containerd is told to use
+COREDNS_IMAGE = build.load_versions()["coredns"]["image"]  # cluster DNS's Deployment (nodes/dns.py)
 BUSYBOX = Path("/bin/busybox")
 # Bump when the images' layout changes, so old cached layouts are not reused.
 RECIPE = "3"
@@ -219,12 +222,13 @@ def _busybox_layer() -> bytes:
     return layer_tar(files, dirs, links)
 
 
-def ensure_images(cache: Path, pause_binary: Path, progress=print) -> list[ImageLayout]:
+def ensure_images(cache: Path, pause_binary: Path, coredns_binary: Path, progress=print) -> list[ImageLayout]:
     """The small node images as OCI layouts under ``cache``, built once per content: the sandbox image,
-    the shell image and the Redis image (Debian's ``redis-server``, tagged with its major.minor version)."""
+    the shell image, CoreDNS's image (the built ``coredns``, under the name versions.toml gives it) and the
+    Redis image (Debian's ``redis-server``, tagged with its major.minor version)."""
     version = busybox_version()
     key_src = hashlib.sha256()
-    for part in (RECIPE.encode(), pause_binary.read_bytes(), BUSYBOX.read_bytes(),
+    for part in (RECIPE.encode(), pause_binary.read_bytes(), coredns_binary.read_bytes(), BUSYBOX.read_bytes(),
                  repr((SUITE, MIRRORS, REDIS_PACKAGES)).encode()):
         key_src.update(hashlib.sha256(part).digest())
     root = cache / key_src.hexdigest()[:16]
@@ -240,13 +244,16 @@ def ensure_images(cache: Path, pause_binary: Path, progress=print) -> list[Image
                              {"Entrypoint": ["/pause"], "User": "65535:65535"})
     shell = write_oci_layout(partial / "busybox", f"docker.io/library/busybox:{version}", [_busybox_layer()],
                              {"Cmd": ["sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]})
+    coredns = write_oci_layout(partial / "coredns", COREDNS_IMAGE,
+                               [layer_tar({"/coredns": (coredns_binary.read_bytes(), 0o755)})],
+                               {"Entrypoint": ["/coredns"]})
     debian_layer(partial / "redis.tar", REDIS_PACKAGES)
     redis_version = package_version(partial / "redis.tar", "redis-server").split(":")[-1]
     major_minor = ".".join(redis_version.split(".")[:2])
     redis = write_oci_layout(partial / "redis", f"docker.io/library/redis:{major_minor}", [partial / "redis.tar"],
                              {"Cmd": ["redis-server"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                               "Labels": {"dev.rayproof.debian-package": f"redis-server {redis_version}"}})
-    made = (pause, shell, redis)
+    made = (pause, shell, coredns, redis)
     (partial / "images.json").write_text(json.dumps(
         {a.name: {"dir": a.path.name, "digest": a.digest} for a in made}, indent=1))
     shutil.rmtree(root, ignore_errors=True)

@@ -7,9 +7,11 @@ platform's CA, its files and cgroup tree (``node.py``). Then the registry
 with the node images pushed (``registry.py``, ``images.py``; the Ray image,
 ``rayimage.py``, built first when the registry lacks it), one ``relay``
 process serving the API server and the registry inside every node
-namespace, and the StorageClasses' provisioner. Then per node containerd,
+namespace (and the API server in the router's, at the address it advertises
+to pods), and the StorageClasses' provisioner. Then per node containerd,
 kubelet, kube-proxy and (when the profile's node shape has
-``nvidia.com/gpu``) the fake GPU device plugin.
+``nvidia.com/gpu``) the fake GPU device plugin. Once the nodes are Ready the
+platform deploys cluster DNS on them (``dns.py``).
 Nodes pull their images, the sandbox image included, from the registry as
 any node does. ``down`` stops these programs like every platform process;
 then the cleanup registered per node kills what is left in its cgroup tree
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Callable
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay
 from clusters.embedded.nodes.node import Node, env_for, machine_capacity, system_reserved, v1_hierarchies
+from clusters.embedded.podnet import ROUTER_IP
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -88,7 +91,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     from clusters.embedded.controlplane import write_kubeconfig
 
     binaries = platform.binaries()
-    layouts = images_mod.ensure_images(images_mod.cache_dir(), Path(binaries["pause"]), progress)
+    layouts = images_mod.ensure_images(images_mod.cache_dir(), Path(binaries["pause"]), Path(binaries["coredns"]),
+                                       progress)
     nodes = nodes_of(platform)
     gpus = int(platform.profile.node_shape.get("nvidia.com/gpu", "0"))
     # kube-proxy's identity, bound by the API server's bootstrap policy to system:node-proxier.
@@ -118,6 +122,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     platform.start_process("relay", [sys.executable, "-m", "clusters.embedded.nodes.relay", "--ready", str(ready),
                                      "--forward", f"{relay.API_SERVER_PORT}={api_port}",
                                      "--forward", f"{relay.REGISTRY_PORT}={registry_port}",
+                                     # the API server's advertised address, for pods (CoreDNS)
+                                     "--expose", f"{nodes[0].net.router}={ROUTER_IP}:{api_port}={api_port}",
                                      *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
     wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
              description=f"the API server's and registry's listeners in the node namespaces of {platform.name}")

@@ -11,10 +11,16 @@ every connection to the matching loopback port of the machine:
 * ``127.0.0.1:5000`` -> the registry (``registry.py``): containerd's
   ``hosts.toml`` sends every registry name there.
 
+With ``--expose NS=ADDRESS:PORT=UPSTREAM`` it also listens on ``ADDRESS:PORT``
+in namespace ``NS``: the pod network's router address, where the API server
+advertises itself (the ``kubernetes`` Service's endpoint), so pods reach the
+API server through ``kubernetes.default`` as on any cluster (CoreDNS does).
+
 Nothing listens in the machine's namespace but the API server and registry
 themselves.
 
-``python -m clusters.embedded.nodes.relay --netns NS [--netns NS ...] --forward PORT=UPSTREAM [...] --ready FILE``
+``python -m clusters.embedded.nodes.relay --netns NS [--netns NS ...] --forward PORT=UPSTREAM [...]
+[--expose NS=ADDRESS:PORT=UPSTREAM ...] --ready FILE``
 """
 from __future__ import annotations
 
@@ -32,11 +38,11 @@ API_SERVER_PORT = 6443  # the API server, as seen from inside a node namespace
 REGISTRY_PORT = 5000  # the image registry, as seen from inside a node namespace
 
 
-def listen_in(netns: str, port: int) -> socket.socket:
+def listen_in(netns: str, port: int, address: str = "127.0.0.1") -> socket.socket:
     def make() -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
+        s.bind((address, port))
         s.listen(128)
         return s
     return _host.in_netns(netns, make)
@@ -71,15 +77,30 @@ def _forward(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--forward wants PORT=UPSTREAM_PORT, not {text!r}") from None
 
 
+def _expose(text: str) -> tuple[str, str, int, int]:
+    netns, _, rest = text.partition("=")
+    address, _, ports = rest.partition(":")
+    try:
+        port, upstream = _forward(ports)
+    except argparse.ArgumentTypeError:
+        port = upstream = 0
+    if not (netns and address and port and upstream):
+        raise argparse.ArgumentTypeError(f"--expose wants NETNS=ADDRESS:PORT=UPSTREAM_PORT, not {text!r}")
+    return netns, address, port, upstream
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clusters.embedded.nodes.relay", description=__doc__.split("\n")[0])
     ap.add_argument("--netns", action="append", required=True, help="a node's network namespace (repeatable)")
     ap.add_argument("--forward", action="append", type=_forward, required=True,
                     help="PORT=UPSTREAM: 127.0.0.1:PORT in each node to 127.0.0.1:UPSTREAM here (repeatable)")
+    ap.add_argument("--expose", action="append", type=_expose, default=[],
+                    help="NETNS=ADDRESS:PORT=UPSTREAM: ADDRESS:PORT in NETNS to 127.0.0.1:UPSTREAM here (repeatable)")
     ap.add_argument("--ready", type=Path, required=True, help="file written once every listener is up")
     args = ap.parse_args(argv)
     threads = _host.Threads("relay")
     listeners = [(listen_in(ns, port), upstream) for ns in args.netns for port, upstream in args.forward]
+    listeners += [(listen_in(ns, port, address), upstream) for ns, address, port, upstream in args.expose]
     for listener, upstream in listeners:
         threads.spawn(serve, listener, upstream, threads)
     stop = threading.Event()

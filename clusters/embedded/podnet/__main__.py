@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-network-policy", action="store_true",
                      help="accept NetworkPolicies but enforce none (a CNI without policy support)")
     run.add_argument("--proxy-port", type=int, help="also serve the cluster proxy on 127.0.0.1:<port>")
+    run.add_argument("--no-dns", action="store_true",
+                     help="serve no cluster DNS (the real nodes run CoreDNS as pods behind the kube-dns Service)")
     down = sub.add_parser("teardown", help="remove the whole pod network")
     down.add_argument("--platform", required=True)
     down.add_argument("--state-dir", required=True, type=Path)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ctl = PodNetworkController(args.kubeconfig, args.platform, state_dir=args.state_dir,
                                recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port,
-                               enforce_policies=not args.no_network_policy)
+                               enforce_policies=not args.no_network_policy, serve_dns=not args.no_dns)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -134,7 +134,7 @@ class PodNetworkController:
     def __init__(self, kubeconfig: str | Path | None, platform_name: str, *, state_dir: str | Path | None = None,
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
-                 enforce_policies: bool = True, node_ip: str = NODE_IP):
+                 enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -143,6 +143,7 @@ class PodNetworkController:
             network = PodNetwork(platform_name, state_dir)
         self.kubeconfig = None if kubeconfig is None else Path(kubeconfig)
         self.network = network
+        self.serve_dns = serve_dns  # off where CoreDNS pods serve the cluster's DNS (real nodes)
         self.state = ClusterState()
         self._recheck_established = recheck_established
         # False: a CNI without NetworkPolicy support (flannel): policies are
@@ -177,9 +178,10 @@ class PodNetworkController:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> "PodNetworkController":
-        """Open the network, serve DNS, start reconciling and (with a kubeconfig) watching."""
+        """Open the network, serve DNS (``serve_dns``), start reconciling and (with a kubeconfig) watching."""
         self.network.open()
-        self.network.start_dns()
+        if self.serve_dns:
+            self.network.start_dns()
         self.proxy.start()
         self.nodeports.start()
         self._stop.clear()
