@@ -77,8 +77,22 @@ def wait_oom_killed(kubeconfig: str, namespace: str, cluster: str, within_s: flo
     done = _kube.holds_within(lambda: oom_killed_since(head_restarts(kubeconfig, namespace, cluster, context), before),
                               within_s, f"the head container of {namespace}/{cluster} to restart (more than {before} "
                                         "restarts) after ending OOMKilled")
-    return {"reached": done, "elapsed_s": round(time.monotonic() - began, 1), "restarts_before": before,
-            "head": head_restarts(kubeconfig, namespace, cluster, context)}
+    result = {"reached": done, "elapsed_s": round(time.monotonic() - began, 1), "restarts_before": before,
+              "head": head_restarts(kubeconfig, namespace, cluster, context)}
+    if not done and pressure_job:  # what became of the pressure instead, while its job still exists
+        result["pressure_job"] = pressure_job_status(kubeconfig, namespace, pressure_job, context)
+    return result
+
+
+def pressure_job_status(kubeconfig: str, namespace: str, name: str, context: str = "") -> dict[str, Any]:
+    """The pressure RayJob's status as KubeRay reports it (Ray's job status and message)."""
+    try:
+        job = _kube.custom(kubeconfig, context).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs",
+                                                                             name)
+    except Exception as exc:  # noqa: BLE001 - a missing job is an answer here
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    status = job.get("status") or {}
+    return {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "message", "failed", "reason")}
 
 
 def pressure_job(name: str, cluster: str, target_bytes: int, max_seconds: int = 240,

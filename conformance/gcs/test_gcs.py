@@ -46,6 +46,16 @@ def head_memory_bytes(obj: dict[str, Any]) -> int:
     return int(parse_quantity(golden.head_container(obj)["resources"]["limits"]["memory"]))
 
 
+def require_oom_landed(killed: dict[str, Any], ns: str, cluster: str, target_bytes: int, limit_bytes: int) -> None:
+    """Fail at once, saying what happened instead, when the fault did not land: a head that never ended
+    OOMKilled cannot be judged on its recovery (waiting for one would only time out)."""
+    assert killed["reached"], (
+        f"the fault did not land: the head of {ns}/{cluster} did not end OOMKilled and restart within "
+        f"{killed['elapsed_s']} s of the pressure job ({target_bytes} bytes against a {limit_bytes}-byte limit; "
+        f"restarts before {killed['restarts_before']}); head: {killed['head']}; "
+        f"pressure job: {killed.get('pressure_job')}")
+
+
 def head_sample(lab, ns: str, cluster: str) -> dict[str, Any]:
     """The head container of ``cluster``: restarts, last termination, Ready."""
     pods = [p for p in lab.pods(ns, f"ray.io/cluster={cluster},ray.io/node-type=head")
@@ -305,6 +315,8 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
                 injected = runner.output(journal, "submit-head-pressure")
                 killed = runner.output(journal, "head-oom-killed")
                 submitted_at = injected["submitted_at"]
+            evidence.record("oom_probe", killed)
+            require_oom_landed(killed, ns, cluster, target_bytes, head_memory_bytes(service))
             with evidence.phase("recovery: head Ready, apps RUNNING"):
                 head_after = wait_for(lambda: head_sample(lab, ns, cluster),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
@@ -347,7 +359,6 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
         figures["nodes_back_at"] = back["ts"] if back else None
         figures["inject_to_nodes_back_s"] = round(back["ts"] - submitted_at, 1) if back else None
         evidence.record("head_after", head_after)
-        evidence.record("oom_probe", killed)
         evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
         seen_apps = sorted({f"{a}={s}" for smp in timeline.samples for a, s in smp["apps"].items()})
         clusters_seen = sorted({smp["cluster"] for smp in timeline.samples if smp.get("cluster")}
@@ -394,10 +405,6 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
         nodes_file.write_text(yaml.safe_dump(series, sort_keys=False))
         evidence.attach_file("alive Ray nodes as the GCS listed them", nodes_file)
 
-    assert killed["reached"], (
-        f"the head of {ns}/{cluster} did not restart after ending OOMKilled within {killed['elapsed_s']} s of the "
-        f"pressure job ({target_bytes} bytes against a {golden.head_container(service)['resources']['limits']['memory']} limit; restarts before "
-        f"{before['restarts']}); head: {killed['head']}")
     oomed = killed["head"]
     assert (oomed["restarts"] or 0) > before["restarts"] and head_after["restarts"] > before["restarts"], (
         f"the head container's restart count did not rise after the pressure job (before {before['restarts']}, "
@@ -536,6 +543,8 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                 evidence.record("experiment", runner.summary(journal))
                 submitted_at = runner.output(journal, "submit-head-pressure")["submitted_at"]
                 killed = runner.output(journal, "head-oom-killed")
+            evidence.record("oom_probe", killed)
+            require_oom_landed(killed, ns_a, cluster_a, target_bytes, head_memory_bytes(team_a))
             with evidence.phase("recovery"):
                 head_after = wait_for(lambda: head_sample(lab, ns_a, cluster_a),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
@@ -564,7 +573,6 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
         figures["inject_to_victim_settled_s"] = round(settled_at["t"] - submitted_at, 1) if settled_at else None
         b_progress = progress(b_ticks, submitted_at, window_end)
         evidence.record("head_after", head_after)
-        evidence.record("oom_probe", killed)
         evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
         evidence.record("victim_rayjob", victim_after)
         evidence.record("victim_states_seen", sorted({f"{s['victim'].get('jobStatus')}/"
