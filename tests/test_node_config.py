@@ -73,3 +73,11 @@ def test_the_relay_exposes_an_address_in_a_namespace_and_refuses_a_malformed_one
     for bad in ("rayproof-p-net=198.18.0.1:6443", "=198.18.0.1:1=2", "ns=:1=2", "ns=198.18.0.1:x=2"):
         with pytest.raises(argparse.ArgumentTypeError):
             _expose(bad)
+
+
+def test_the_certificate_names_what_runs_the_nodes_for_every_runtime_a_profile_may_choose() -> None:
+    from clusters.embedded.profile import NODE_RUNTIMES
+    from clusters.embedded.target import KINDS
+
+    assert set(KINDS) == set(NODE_RUNTIMES)
+    assert "node agent" in KINDS["agent"] and "kubelet" in KINDS["kubelet"] and "node agent" not in KINDS["kubelet"]

@@ -10,6 +10,12 @@ from clusters.embedded.platform import EmbeddedPlatform
 from clusters.existing import describe_cluster, node_health
 
 DEFAULT_TARGET_NAME = "default"
+# What the certificate says the cluster is, by the profile's nodes.runtime.
+KINDS = {
+    "agent": "embedded platform (node agent in place of kubelet + container runtime)",
+    "kubelet": "embedded platform (real nodes: kubelet, containerd and runc; CoreDNS; NetworkPolicy by the pod "
+               "network's router)",
+}
 # How much of an unhealthy platform process's log a failed test's evidence shows.
 LOG_TAIL_LINES = 40
 
@@ -57,7 +63,7 @@ class EmbeddedTarget:
 
     def describe(self) -> dict[str, Any]:
         info = describe_cluster(self.api_client())
-        info["kind"] = "embedded platform (node agent in place of kubelet + container runtime)"
+        info["kind"] = KINDS[self.platform.profile.node_runtime]
         pins = {**build.pinned_versions(), **(self.platform.state.read().get("versions") or {})}  # an upgraded KubeRay
         info["versions"].update({"kuberay": pins.get("kuberay"), "kueue": pins.get("kueue"),
                                  "etcd": pins.get("etcd")})
