@@ -20,7 +20,7 @@ import shlex
 import time
 from typing import Any
 
-from chaos import _kube
+from chaos import _kube, rayjob
 
 PRESSURE_PROGRAM = "/opt/rayproof/workloads/head_pressure.py"
 # On the pressure RayJob: the head container's restart count when it was submitted.
@@ -85,14 +85,11 @@ def wait_oom_killed(kubeconfig: str, namespace: str, cluster: str, within_s: flo
 
 
 def pressure_job_status(kubeconfig: str, namespace: str, name: str, context: str = "") -> dict[str, Any]:
-    """The pressure RayJob's status as KubeRay reports it (Ray's job status and message)."""
+    """The pressure RayJob's status (Ray's job status and message), or why it could not be read."""
     try:
-        job = _kube.custom(kubeconfig, context).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs",
-                                                                             name)
+        return rayjob.read_status(kubeconfig, namespace, name, context)
     except Exception as exc:  # noqa: BLE001 - a missing job is an answer here
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    status = job.get("status") or {}
-    return {k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "message", "failed", "reason")}
 
 
 def pressure_job(name: str, cluster: str, target_bytes: int, max_seconds: int = 240,

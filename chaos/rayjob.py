@@ -47,6 +47,10 @@ def workloads_of(kubeconfig: str, namespace: str, rayjob: str, context: str = ""
     return kueue.owned_by_rayjob(items, rayjob)
 
 
+# What a RayJob's status says, as the experiments report it.
+STATUS_FIELDS = ("jobStatus", "jobDeploymentStatus", "reason", "message", "failed", "succeeded", "rayClusterName")
+
+
 def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s: float,
                context: str = "", unless_evicted: bool = False) -> dict[str, Any]:
     """Wait until RayJob ``name`` is in ``state`` (a key of STATES); returns
@@ -82,8 +86,14 @@ def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s:
         st, reached = exc.last_value or {}, False
     return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1), "cause": cause,
             "evicted": evicted and {k: evicted.get(k) for k in ("reason", "message", "lastTransitionTime")},
-            "status": {k: st.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "message", "failed",
-                                              "succeeded", "rayClusterName")}}
+            "status": {k: st.get(k) for k in STATUS_FIELDS}}
+
+
+def read_status(kubeconfig: str, namespace: str, name: str, context: str = "") -> dict[str, Any]:
+    """RayJob ``name``'s status as KubeRay reports it (the fields :func:`wait_state` returns)."""
+    st = _kube.custom(kubeconfig, context).get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs",
+                                                                        name).get("status") or {}
+    return {k: st.get(k) for k in STATUS_FIELDS}
 
 
 def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: str, within_s: float,
