@@ -13,6 +13,13 @@ prints:
   CPU-seconds divided by the cores, the shortest wall time in which this
   machine could do the same work however the clauses were arranged.
 
+With ``--runtimes agent,kubelet`` it certifies the embedded platform once per
+node runtime, one after the other in the same run (each on its own platform,
+``bench-cert-<runtime>``, with the given ``--platform-profile``'s settings
+and ``nodes.runtime`` set; reports under ``--out``/<runtime>), and prints
+``side_by_side``: each run's verdict and clause counts, wall time, busy
+CPU-seconds, and the CPU-seconds of its node layer and of its pods.
+
 Against an existing cluster only the local share is measured (pytest and the
 runtime tier's local Ray clusters). A process that lives for less than one
 sample interval is missed, and one that ends is counted as of its last sample,
@@ -21,14 +28,18 @@ so the figures are a slight undercount; the machine-wide busy share comes from
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import yaml
 
 from benchmarks import machine
 
@@ -228,14 +239,99 @@ def run(certify_args: list[str]) -> dict:
     }
 
 
+RUNTIMES = ("agent", "kubelet")
+# What runs the nodes, for either runtime: the components that are neither the
+# control plane and operators nor Ray, pytest or the pods' own programs.
+NODE_LAYER = ("node agent", "pod network", "volume provisioner", "kubelet", "containerd shims", "containerd",
+              "kube-proxy", "fake GPU device plugin", "node image registry", "node relay")
+PODS = tuple(origin for _, origin in ORIGINS if origin.startswith("Kubernetes pods"))
+
+
+def runtime_runs(argv: list[str], workdir: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """Parse ``--runtimes`` out of the benchmark's options: the runtimes (empty:
+    one plain certify run of ``argv``), and per runtime certify's options for a
+    run of its own platform with ``nodes.runtime`` set over the given profile."""
+    parser = argparse.ArgumentParser(prog="rayproof bench certification", add_help=False)
+    parser.add_argument("--runtimes", default="")
+    for option in ("--platform-profile", "--platform-name", "--out", "--kubeconfig"):
+        parser.add_argument(option)
+    known, rest = parser.parse_known_args(argv)
+    if not known.runtimes:
+        return [], {"": list(argv)}
+    runtimes = [r.strip() for r in known.runtimes.split(",") if r.strip()]
+    unknown = sorted(set(runtimes) - set(RUNTIMES))
+    if unknown or len(set(runtimes)) != len(runtimes):
+        raise ValueError(f"--runtimes {known.runtimes!r}: name each of {', '.join(RUNTIMES)} at most once")
+    if known.kubeconfig or known.platform_name:
+        raise ValueError("--runtimes certifies embedded platforms of its own (bench-cert-<runtime>); it takes "
+                         "no --kubeconfig or --platform-name")
+    base: dict[str, Any] = {}
+    if known.platform_profile:
+        base = yaml.safe_load(Path(known.platform_profile).read_text()) or {}
+        if not isinstance(base, dict):
+            raise ValueError(f"--platform-profile {known.platform_profile}: not a mapping")
+    out = Path(known.out) if known.out else workdir
+    runs = {}
+    for runtime in runtimes:
+        profile = {**base, "nodes": {**(base.get("nodes") or {}), "runtime": runtime}}
+        path = workdir / f"platform-profile-{runtime}.yaml"
+        path.write_text(yaml.safe_dump(profile, sort_keys=False))
+        runs[runtime] = [*rest, "--platform-name", f"bench-cert-{runtime}", "--platform-profile", str(path),
+                         "--out", str(out / runtime)]
+    return runtimes, runs
+
+
+def outcome(certify_args: list[str]) -> dict[str, Any]:
+    """The verdict and clause counts of the certificate certify wrote under its ``--out``, if it wrote one."""
+    out = next((certify_args[i + 1] for i, a in enumerate(certify_args[:-1]) if a == "--out"), None)
+    certificate = Path(out) / "certification.json" if out else None
+    if certificate is None or not certificate.is_file():
+        return {"verdict": None, "certificate": None}
+    summary = json.loads(certificate.read_text())
+    return {"verdict": summary.get("verdict"), "verdict_reason": summary.get("verdict_reason"),
+            "counts": summary.get("counts"), "certificate": str(certificate)}
+
+
+def side_by_side(figures: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per runtime, the figures to set side by side."""
+    rows = {}
+    for runtime, f in figures.items():
+        components = f["cpu_s_by_component"]
+        rows[runtime] = {
+            "verdict": f["outcome"].get("verdict"), "counts": f["outcome"].get("counts"),
+            "wall_s": f["wall_s"], "machine_busy_cpu_s": f["machine_busy_cpu_s"],
+            "node_layer_cpu_s": round(sum(components.get(c, 0.0) for c in NODE_LAYER), 1),
+            "pods_cpu_s": round(sum(f["cpu_s_by_origin"].get(o, 0.0) for o in PODS), 1),
+        }
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    figures = run(list(argv or []))
-    print(json.dumps({"benchmark": "certification", "certify_args": list(argv or []), "machine": machine(),
-                      "figures": figures}, indent=2))
-    if figures["certify_exit_status"] != 0:
-        print(f"rayproof bench: certify exited {figures['certify_exit_status']}; the figures cover a run that "
-              "did not certify", file=sys.stderr)
-    return figures["certify_exit_status"]
+    argv = list(argv or [])
+    with tempfile.TemporaryDirectory(prefix="rayproof-bench-cert-") as tmp:
+        try:
+            runtimes, runs = runtime_runs(argv, Path(tmp))
+        except (ValueError, OSError, yaml.YAMLError) as exc:
+            print(f"rayproof bench certification: {exc}", file=sys.stderr)
+            return 2
+        figures = {}
+        for runtime, certify_args in runs.items():
+            if runtime:
+                print(f"rayproof bench: certifying on nodes.runtime {runtime}: rayproof certify "
+                      f"{' '.join(certify_args)}", file=sys.stderr, flush=True)
+            figures[runtime] = {**run(certify_args), "outcome": outcome(certify_args)}
+    report: dict[str, Any] = {"benchmark": "certification", "certify_args": argv, "machine": machine()}
+    if runtimes:
+        report.update(runtimes=figures, side_by_side=side_by_side(figures))
+    else:
+        report["figures"] = figures[""]
+    print(json.dumps(report, indent=2))
+    failed = {runtime or "certify": f["certify_exit_status"] for runtime, f in figures.items()
+              if f["certify_exit_status"] != 0}
+    if failed:
+        print(f"rayproof bench: certify exited {failed}; the figures cover a run that did not certify",
+              file=sys.stderr)
+    return next(iter(failed.values()), 0)
 
 
 if __name__ == "__main__":

@@ -603,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                         "nodes: the embedded platform's warm up and down times and its node layer's idle CPU and "
                         "memory")
     p.add_argument("options", nargs=argparse.REMAINDER,
-                   help="certification: certify's options (-k, --kubeconfig, --profile, ...); "
+                   help="certification: certify's options (-k, --kubeconfig, --profile, ...), or with --runtimes "
+                        "agent,kubelet those of an embedded certification per node runtime, side by side; "
                         "interruptions: --runs N, --seed S, -k EXPR; nodes: --runs N, --idle-s S")
     p.set_defaults(func=cmd_bench)
 

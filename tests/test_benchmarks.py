@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -128,6 +129,54 @@ def test_cpu_of_what_a_test_worker_starts_is_placed_under_the_test_workers():
             worker.kill()
     placed = cpu.by_origin().get(ORIGINS[1][1], 0.0)
     assert placed >= 0.5, cpu.by_origin()
+
+
+def test_runtimes_certify_each_node_runtime_on_a_platform_of_its_own_with_the_given_profile(tmp_path):
+    import yaml
+
+    from benchmarks.certification import runtime_runs
+
+    given = tmp_path / "given.yaml"
+    given.write_text("nodes:\n  count: 2\n  runtime: agent\n")
+    runtimes, runs = runtime_runs(["--runtimes", "agent,kubelet", "-k", "SEC-1", "--platform-profile", str(given),
+                                   "--out", str(tmp_path / "reports")], tmp_path)
+    assert runtimes == ["agent", "kubelet"]
+    for runtime in runtimes:
+        args = runs[runtime]
+        option = dict(zip(args[2::2], args[3::2]))
+        assert args[:2] == ["-k", "SEC-1"]
+        assert option["--platform-name"] == f"bench-cert-{runtime}"
+        assert option["--out"] == str(tmp_path / "reports" / runtime)
+        # The given profile's settings stay; only what runs the nodes differs.
+        assert yaml.safe_load(Path(option["--platform-profile"]).read_text()) == {
+            "nodes": {"count": 2, "runtime": runtime}}
+    assert runtime_runs(["-k", "SEC-1"], tmp_path) == ([], {"": ["-k", "SEC-1"]})  # without it: one plain run
+
+
+@pytest.mark.parametrize("argv", [["--runtimes", "agent,docker"], ["--runtimes", "agent,agent"],
+                                  ["--runtimes", "kubelet", "--kubeconfig", "k"],
+                                  ["--runtimes", "kubelet", "--platform-name", "mine"]])
+def test_runtimes_refuse_what_they_cannot_run(argv, tmp_path, capsys):
+    from benchmarks import certification
+
+    assert certification.main(argv) == 2
+    assert "--runtimes" in capsys.readouterr().err
+
+
+def test_side_by_side_sums_each_runtimes_node_layer_and_pods():
+    from benchmarks.certification import side_by_side
+
+    def figures(components, origins, verdict):
+        return {"wall_s": 10, "machine_busy_cpu_s": 15, "cpu_s_by_component": components, "cpu_s_by_origin": origins,
+                "outcome": {"verdict": verdict, "counts": {"passed": 1}}}
+    rows = side_by_side({
+        "agent": figures({"node agent": 3.0, "pod network": 1.5, "kube-apiserver": 9.0},
+                         {ORIGINS[0][1]: 4.0, ORIGINS[1][1]: 2.0}, "CERTIFIED"),
+        "kubelet": figures({"kubelet": 2.0, "containerd": 1.0, "containerd shims": 0.5, "node relay": 0.5,
+                            "ray: raylet": 7.0}, {ORIGINS[2][1]: 6.0}, "NOT CERTIFIED")})
+    assert rows["agent"] == {"verdict": "CERTIFIED", "counts": {"passed": 1}, "wall_s": 10, "machine_busy_cpu_s": 15,
+                             "node_layer_cpu_s": 4.5, "pods_cpu_s": 4.0}
+    assert rows["kubelet"]["node_layer_cpu_s"] == 4.0 and rows["kubelet"]["pods_cpu_s"] == 6.0
 
 
 def test_an_interrupted_interruptions_bench_keeps_the_figures_of_the_runs_that_finished(monkeypatch, tmp_path, capsys):
