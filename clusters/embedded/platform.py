@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from clusters import UpgradeFailed, access
-from clusters.embedded import build, pki as pki_mod
+from clusters.embedded import build, machine, pki as pki_mod
 from clusters.embedded.addons import ADDON_PROCESSES, Addons
 from clusters.embedded.controlplane import (
     PROCESS_ORDER,
@@ -374,13 +374,13 @@ class EmbeddedPlatform:
                 raise PlatformInUse(f"platform {self.name} cannot be replaced ({reason}): test sessions "
                                     f"{users} still use it; wait for them to end, or stop them, then run again "
                                     f"(`bin/rayproof down --name {self.name}` takes it down under them)")
-            if self.profile.node_runtime == "kubelet":
-                from clusters.embedded.nodes.layer import check_machine
-
-                check_machine()  # before anything is cleared or started
+            machine.check_cgroups(self.profile.node_runtime)  # before anything is cleared or started
             if self.run_dir.exists():
                 self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
                 self._teardown()
+            # What the platform replaced held inotify instances until now.
+            others = sorted(d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name)
+            machine.check_inotify(self.name, self.profile.node_runtime, self.profile.node_count, others)
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
             if session:  # recorded before anything starts: `clean` finds a session's platform killed mid-up

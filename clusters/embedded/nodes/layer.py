@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay
-from clusters.embedded.nodes.node import Node, env_for, machine_capacity, system_reserved, v1_hierarchies
+from clusters.embedded.nodes.node import Node, env_for, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
 from rayproof import timeouts
 from rayproof.waiting import wait_for
@@ -76,13 +76,6 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
                      f"{time.monotonic() - t0:.1f}s")
     rayimage.ensure(images_mod.cache_dir(), base, progress)
     return port
-
-
-def check_machine() -> None:
-    """Raise, saying what to do, when this machine cannot run the real nodes (before anything is started)."""
-    if not v1_hierarchies():
-        raise RuntimeError("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
-                           "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")
 
 
 def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_env: dict[str, str]) -> None:

@@ -1,0 +1,84 @@
+"""What this machine must offer an embedded platform, checked before anything is cleared or started.
+
+* Real nodes (``nodes.runtime: kubelet``) are built for cgroup v1 hierarchies.
+* Enough inotify instances. The kernel caps them per user
+  (``fs.inotify.max_user_instances``, 128 by default) across every process of
+  that user, pods included, and every platform on the machine shares the cap.
+  A program that finds none left fails at start with "too many open files"
+  (kueue's certificate watcher did, in a rehearsal beside other platforms),
+  which says nothing of the cause; this check says it first.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from clusters.embedded.nodes.node import v1_hierarchies
+
+MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+# Instances each part holds once up, counted on running platforms (a process's
+# descriptors that link to anon_inode:inotify, summed by program):
+CONTROL_PLANE_INSTANCES = 20  # kube-controller-manager 8, kube-apiserver 6, kueue 3, kube-scheduler 3
+REAL_NODE_INSTANCES = 8  # kubelet 6, containerd 1, kube-proxy 1
+NODE_AGENT_INSTANCES = 0  # the node agent and pod network (Python) hold none
+
+
+class MachineUnfit(RuntimeError):
+    """This machine cannot run the platform as its profile asks; nothing was started."""
+
+
+def inotify_instances_needed(node_runtime: str, node_count: int) -> int:
+    per_node = REAL_NODE_INSTANCES if node_runtime == "kubelet" else NODE_AGENT_INSTANCES
+    return CONTROL_PLANE_INSTANCES + per_node * node_count
+
+
+def inotify_instances_in_use(proc: Path = Path("/proc"), uid: int | None = None) -> int:
+    """Inotify instances held now by processes whose real user is ``uid`` (default: this process's)."""
+    uid = os.getuid() if uid is None else uid
+    count = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if _real_uid(entry) != uid:  # the kernel counts by the real user
+                continue
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue  # ended, or not ours to read
+        for fd in fds:
+            try:
+                count += os.readlink(fd) == "anon_inode:inotify"
+            except OSError:
+                continue
+    return count
+
+
+def _real_uid(entry: Path) -> int:
+    for line in (entry / "status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return -1
+
+
+def check_inotify(name: str, node_runtime: str, node_count: int, others: list[str], *, limit: int | None = None,
+                  in_use: int | None = None) -> None:
+    """Raise :class:`MachineUnfit` when platform ``name`` would find too few inotify instances left."""
+    limit = int(MAX_USER_INSTANCES.read_text()) if limit is None else limit
+    in_use = inotify_instances_in_use() if in_use is None else in_use
+    needed = inotify_instances_needed(node_runtime, node_count)
+    if in_use + needed <= limit:
+        return
+    nodes = f"{node_count} real nodes at {REAL_NODE_INSTANCES} each" if node_runtime == "kubelet" \
+        else f"{node_count} node-agent nodes, none"
+    raise MachineUnfit(
+        f"platform {name} needs about {needed} inotify instances (control plane {CONTROL_PLANE_INSTANCES}, {nodes}), "
+        f"and this machine lets a user hold {limit} (fs.inotify.max_user_instances), {in_use} of them in use now: "
+        + (f"take another embedded platform down (`bin/rayproof down --name NAME`; here: {', '.join(others)}), or "
+           if others else "stop what else holds them, or ")
+        + "raise the limit (as root: sysctl -w fs.inotify.max_user_instances=512)")
+
+
+def check_cgroups(node_runtime: str) -> None:
+    """Raise :class:`MachineUnfit` when this machine cannot hold the nodes of ``node_runtime``."""
+    if node_runtime == "kubelet" and not v1_hierarchies():
+        raise MachineUnfit("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
+                           "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")

@@ -1,0 +1,73 @@
+"""What the machine must offer an embedded platform is checked before anything starts: too few
+inotify instances is one message saying what to do, exit 4 from certify, and nothing made."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+
+from clusters.embedded import machine
+from clusters.embedded.platform import EmbeddedPlatform
+
+
+def test_an_inotify_instance_this_process_opens_is_counted():
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = machine.inotify_instances_in_use()
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        # Other processes of this user may open or close their own meanwhile; ours is one of what is counted.
+        own = sum(os.readlink(f"/proc/self/fd/{n}") == "anon_inode:inotify" for n in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{n}"))
+        assert own >= 1
+        assert machine.inotify_instances_in_use() >= own
+        assert machine.inotify_instances_in_use(uid=os.getuid() + 12345) == 0  # a user with no processes holds none
+    finally:
+        os.close(fd)
+    assert before >= 0
+
+
+@pytest.mark.parametrize("runtime, nodes, needed", [("agent", 4, machine.CONTROL_PLANE_INSTANCES),
+                                                    ("kubelet", 4, machine.CONTROL_PLANE_INSTANCES
+                                                     + 4 * machine.REAL_NODE_INSTANCES)])
+def test_a_platform_fits_up_to_the_limit_and_is_refused_past_it(runtime, nodes, needed):
+    machine.check_inotify("p", runtime, nodes, [], limit=128, in_use=128 - needed)  # exactly fits
+    with pytest.raises(machine.MachineUnfit) as refused:
+        machine.check_inotify("p", runtime, nodes, ["default", "other"], limit=128, in_use=129 - needed)
+    message = str(refused.value)
+    assert f"needs about {needed} inotify instances" in message
+    assert f"{129 - needed} of them in use" in message and "hold 128" in message
+    assert "here: default, other" in message  # which platforms could go
+    assert "sysctl -w fs.inotify.max_user_instances=" in message
+
+
+def test_up_refuses_a_machine_short_of_inotify_instances_before_starting_anything(tmp_path, monkeypatch):
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("1\n")
+    monkeypatch.setattr(machine, "MAX_USER_INSTANCES", limit)
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    started = []
+    platform = EmbeddedPlatform("short", binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
+    monkeypatch.setattr(platform, "control_plane", lambda: started.append("control plane"))
+    with pytest.raises(machine.MachineUnfit, match="needs about 20 inotify instances"):
+        platform.up()
+    assert started == []
+    assert not platform.run_dir.exists()  # no run directory, no state, no logs
+
+
+def test_certify_on_a_machine_short_of_inotify_instances_exits_4_creating_nothing(tmp_path, monkeypatch, capsys):
+    from clusters.embedded import build
+    from rayproof import cli
+
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("1\n")
+    monkeypatch.setattr(machine, "MAX_USER_INSTANCES", limit)
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "ensure_built", lambda progress=None: {"kube-apiserver": Path("/nonexistent/x")})
+    out = tmp_path / "report"
+    assert cli.main(["certify", "--platform-name", "short", "--out", str(out)]) == cli.PREFLIGHT_EXIT
+    err = capsys.readouterr().err
+    assert "fs.inotify.max_user_instances" in err and "nothing was created" in err
+    assert not (tmp_path / "cache" / "platform" / "short").exists() and not out.exists()
