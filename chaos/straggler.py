@@ -47,17 +47,6 @@ def with_straggler(rayjob: dict[str, Any], delay_s: float | None) -> dict[str, A
     return job
 
 
-def steady_state(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> dict[str, Any]:
-    """The RayJob's deployment and job status (a probe: returns the value)."""
-    try:
-        status = _kube.custom(kubeconfig, context).get_namespaced_custom_object(
-            "ray.io", "v1", namespace, "rayjobs", rayjob).get("status") or {}
-    except Exception:  # noqa: BLE001 - absent before inject, gone after revert
-        return {"exists": False}
-    return {"exists": True, "jobDeploymentStatus": status.get("jobDeploymentStatus"),
-            "jobStatus": status.get("jobStatus")}
-
-
 def inject(kubeconfig: str, namespace: str, rayjob: dict[str, Any], delay_s: float | None = None,
            context: str = "") -> str:
     """Create ``rayjob`` with a straggler (see :func:`with_straggler`); returns its name."""

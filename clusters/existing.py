@@ -112,6 +112,14 @@ class ExistingCluster:
         """Nothing to do: the cluster was here before and stays."""
 
 
+def node_shape(allocatable: dict[str, str], capacity: dict[str, str]) -> str:
+    """What a node offers pods (its allocatable cpu, memory and GPUs), and its capacity where that differs."""
+    names = ("cpu", "memory", "nvidia.com/gpu")
+    offered = "allocatable " + ", ".join(f"{n}={allocatable.get(n, capacity.get(n, '0'))}" for n in names)
+    held_back = {n: capacity[n] for n in names if n in capacity and capacity[n] != allocatable.get(n, capacity[n])}
+    return offered + (f" (capacity {', '.join(f'{n}={v}' for n, v in held_back.items())})" if held_back else "")
+
+
 def describe_cluster(api: Any) -> dict[str, Any]:
     """Server URL, Kubernetes version and the nodes' shape, from the API."""
     from kubernetes import client
@@ -120,8 +128,7 @@ def describe_cluster(api: Any) -> dict[str, Any]:
     nodes = client.CoreV1Api(api).list_node().items
     shapes: dict[str, int] = {}
     for node in nodes:
-        cap = node.status.capacity or {}
-        key = f"cpu={cap.get('cpu')}, memory={cap.get('memory')}, nvidia.com/gpu={cap.get('nvidia.com/gpu', '0')}"
+        key = node_shape(node.status.allocatable or {}, node.status.capacity or {})
         shapes[key] = shapes.get(key, 0) + 1
     return {
         "server": api.configuration.host,

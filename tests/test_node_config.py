@@ -81,3 +81,15 @@ def test_the_certificate_names_what_runs_the_nodes_for_every_runtime_a_profile_m
 
     assert set(KINDS) == set(NODE_RUNTIMES)
     assert "node agent" in KINDS["agent"] and "kubelet" in KINDS["kubelet"] and "node agent" not in KINDS["kubelet"]
+
+
+def test_the_certificate_gives_what_nodes_offer_pods_and_their_capacity_where_it_differs():
+    from clusters.existing import node_shape
+
+    # Real nodes: kubelet's systemReserved holds 8Gi of the machine's 24 back from pods.
+    assert node_shape({"cpu": "2", "memory": "16Gi", "nvidia.com/gpu": "8"},
+                      {"cpu": "2", "memory": "24Gi", "nvidia.com/gpu": "8"}) == \
+        "allocatable cpu=2, memory=16Gi, nvidia.com/gpu=8 (capacity memory=24Gi)"
+    # The node agent reports allocatable equal to capacity; a node without GPUs offers none.
+    assert node_shape({"cpu": "4", "memory": "16Gi"}, {"cpu": "4", "memory": "16Gi"}) == \
+        "allocatable cpu=4, memory=16Gi, nvidia.com/gpu=0"
