@@ -247,6 +247,38 @@ def test_dns_server_over_udp_and_tcp(loopback_dns):
     assert len(dns.query("127.0.0.1", "many.default.svc.cluster.local", port=port, tcp=True)[1]) == 60
 
 
+def test_an_ephemeral_port_another_process_holds_for_tcp_is_passed_over(monkeypatch):
+    """Port 0: the kernel picks a free UDP port, whose TCP twin another process
+    may hold (seen once in CI as EADDRINUSE); the server takes another. A
+    given port is not changed."""
+    import errno
+
+    def taken_once(server):
+        real, calls = server._bind_pair, []
+
+        def bind():
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError(errno.EADDRINUSE, "Address already in use")
+            return real()
+        monkeypatch.setattr(server, "_bind_pair", bind)
+        return calls
+
+    server = DnsServer("127.0.0.1", 0, {"web.default.svc.cluster.local": ("198.19.0.20",)})
+    calls = taken_once(server)
+    server.start()
+    try:
+        assert len(calls) == 2
+        assert dns.query("127.0.0.1", "web.default", port=server.port, tcp=True) == (0, ["198.19.0.20"], True)
+    finally:
+        server.stop()
+    fixed = DnsServer("127.0.0.1", 5353, {})
+    calls = taken_once(fixed)
+    with pytest.raises(OSError):
+        fixed.make_sockets()
+    assert len(calls) == 1
+
+
 def test_resolv_conf_is_what_the_kubelet_writes():
     assert dns.resolv_conf("ray") == ("search ray.svc.cluster.local svc.cluster.local cluster.local\n"
                                       "nameserver 198.19.0.10\noptions ndots:5\n")

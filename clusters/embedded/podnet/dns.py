@@ -28,6 +28,7 @@ stopping it leaves no process behind and its zone is swapped in memory.
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import json
 import selectors
@@ -45,6 +46,7 @@ TYPE_A, TYPE_NS, TYPE_SOA, TYPE_AAAA, TYPE_OPT, TYPE_ANY = 1, 2, 6, 28, 41, 255
 CLASS_IN = 1
 NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP = 0, 1, 2, 3, 4
 UDP_LIMIT, EDNS_LIMIT = 512, 1232
+EPHEMERAL_PORT_TRIES = 20  # port 0: UDP ports tried until TCP is free on one too
 TCP_IDLE_S = 10.0  # socket timeout on an idle TCP client, not a wait
 
 Zone = Mapping[str, tuple[str, ...]]
@@ -254,6 +256,19 @@ class DnsServer:
         self.queries = 0
 
     def make_sockets(self) -> tuple[socket.socket, socket.socket]:
+        """UDP and TCP sockets bound to one port. With port 0 the kernel picks
+        the UDP port, which another process may hold for TCP: then another."""
+        tries = EPHEMERAL_PORT_TRIES if self.port == 0 else 1
+        attempt = 1
+        while True:
+            try:
+                return self._bind_pair()
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == tries:
+                    raise
+            attempt += 1
+
+    def _bind_pair(self) -> tuple[socket.socket, socket.socket]:
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
