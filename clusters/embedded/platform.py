@@ -259,7 +259,12 @@ class EmbeddedPlatform:
         if self.profile.data["network"]["policyCutsOpenConnections"]:
             argv.append("--recheck-established")
         if self.profile.node_runtime == "kubelet":
+            from clusters.embedded.nodes.fabric import NodeNet
+
             argv.append("--no-dns")  # CoreDNS pods serve it (nodes/dns.py)
+            for i in range(1, self.profile.node_count + 1):  # each node's CNI hands out its pods' addresses
+                net = NodeNet(self.name, i)
+                argv += ["--isolate-new-pods", f"{net.pod_cidr}={net.pod_gateway}"]
         self.start_process("podnet", argv, env=_python_env())
         ready = self.podnet_dir / "controller.ready"
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,

@@ -5,9 +5,11 @@ directory, so it never meets the session's platform), brought up under a host
 slot. What is checked is what the node agent can only imitate: the container
 runtime's answers reaching the API through kubelet (an OOM kill's 137 and
 ``lastState``, images pulled from the platform's registry and a pull's
-failure and back-off), kubelet's own server (``logs``, ``exec``) and probes,
+failure and back-off), kubelet's own server (``logs``, ``exec``), its probes
+and graceful deletion (the preStop hook, then SIGTERM),
 pods of two nodes talking across the router through a Service (kube-proxy's
-rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic,
+rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic
+and holding from a new pod's first packet,
 cluster DNS served by CoreDNS pods and cut by a pod's egress policy,
 volumes shared by every node or each node's own, the Redis and Ray images
 the platform builds (the pinned Ray and torch inside), KubeRay's own samples
@@ -210,6 +212,80 @@ def test_logs_and_exec_are_served_by_kubelet(platform: EmbeddedPlatform, core: c
     assert pid.strip() != "1" and cmdline.startswith("sleep\x003600"), ran.stdout
 
 
+def test_readiness_and_liveness_probes_are_kubelets(platform: EmbeddedPlatform, core: client.CoreV1Api,
+                                                   namespace: str) -> None:
+    """A readiness probe gates Ready; a failing liveness probe has kubelet kill and restart the container,
+    whose new writable layer no longer holds what made it Ready."""
+    pod = shell_pod("probed", "sleep 3600")
+    pod["spec"]["containers"][0].update(
+        readinessProbe={"exec": {"command": ["test", "-f", "/tmp/ready"]}, "periodSeconds": 1},
+        livenessProbe={"exec": {"command": ["test", "!", "-f", "/tmp/sick"]}, "periodSeconds": 1,
+                       "failureThreshold": 1})
+    core.create_namespaced_pod(namespace, pod)
+
+    def state() -> tuple[str | None, bool, int]:
+        s = container_status(core, namespace, "probed")
+        if s is None:
+            return None, False, 0
+        current = "running" if s.state.running else "waiting" if s.state.waiting else "terminated"
+        return current, bool(s.ready), s.restart_count or 0
+
+    assert wait_for(state, lambda st: st[0] == "running", timeout=timeouts.POD_START,
+                    description="pod probed's container running")[1] is False  # no /tmp/ready yet
+    kubectl(platform, "-n", namespace, "exec", "probed", "--", "touch", "/tmp/ready")
+    wait_for(state, lambda st: st[1], timeout=timeouts.CONTAINER_TRANSITION,
+             description="the readiness probe to find /tmp/ready and the container Ready")
+    kubectl(platform, "-n", namespace, "exec", "probed", "--", "touch", "/tmp/sick")
+    restarted = wait_for(state, lambda st: st[2] >= 1 and st[0] == "running", timeout=timeouts.CONTAINER_TRANSITION,
+                         description="kubelet to restart the container its liveness probe found sick")
+    assert restarted[1] is False, "the restarted container is Ready: its writable layer kept /tmp/ready"
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=probed").items
+    assert any(e.source.component == "kubelet" and e.reason == "Unhealthy" and "Liveness probe failed" in e.message
+               for e in events), [(e.source.component, e.reason, e.message) for e in events]
+
+
+def test_deletion_runs_the_prestop_hook_then_sigterm_within_the_grace_period(
+        core: client.CoreV1Api, namespace: str) -> None:
+    """Graceful deletion as kubelet does it: the preStop hook runs to its end, then the container's
+    process gets SIGTERM, well within terminationGracePeriodSeconds (written to a claim that outlives it)."""
+    import time
+
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "journal", "labels": LABELS},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    volume = {"volumes": [{"name": "journal", "persistentVolumeClaim": {"claimName": "journal"}}]}
+    mount = {"volumeMounts": [{"name": "journal", "mountPath": "/journal"}]}
+    # The shell is the container's PID 1: it handles SIGTERM by its trap (exec'd sleeps would not).
+    pod = shell_pod("graceful", "trap 'echo sigterm >> /journal/log; exit 0' TERM; echo started >> /journal/log; "
+                                "while true; do sleep 1; done", node=1)
+    pod["spec"].update(terminationGracePeriodSeconds=30, **volume)
+    pod["spec"]["containers"][0].update(lifecycle={"preStop": {"exec": {"command": [
+        "sh", "-c", "echo prestop-begun >> /journal/log; sleep 3; echo prestop-ended >> /journal/log"]}}}, **mount)
+    core.create_namespaced_pod(namespace, pod)
+    wait_for(lambda: core.read_namespaced_pod("graceful", namespace).status.phase, lambda ph: ph == "Running",
+             timeout=timeouts.POD_START, description="pod graceful Running")
+    began = time.monotonic()
+    core.delete_namespaced_pod("graceful", namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("graceful", namespace)
+        except client.ApiException as exc:
+            return exc.status == 404
+        return False
+    wait_for(gone, bool, timeout=timeouts.CONTAINER_TRANSITION, description="pod graceful deleted")
+    took = time.monotonic() - began
+    reader = shell_pod("journal-reader", "cat /journal/log", node=NODES)
+    reader["spec"].update(restartPolicy="Never", **volume)
+    reader["spec"]["containers"][0].update(**mount)
+    core.create_namespaced_pod(namespace, reader)
+    wait_for(lambda: core.read_namespaced_pod("journal-reader", namespace).status.phase, lambda ph: ph == "Succeeded",
+             timeout=timeouts.POD_START, description="pod journal-reader to read the journal")
+    journal = core.read_namespaced_pod_log("journal-reader", namespace).split()
+    assert journal == ["started", "prestop-begun", "prestop-ended", "sigterm"], journal
+    assert 3 <= took < 30, f"the pod took {took:.1f} s to go: the 3 s preStop hook, then SIGTERM, within the 30 s grace"
+
+
 def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_policy_denies_it(
         platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
     core.create_namespaced_pod(namespace, shell_pod(
@@ -243,6 +319,35 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
         blocked = wait_for(lambda p=pod: fetch(p), lambda r: r.returncode != 0, timeout=timeouts.CONTROLLER_RECONCILE,
                            description=f"the deny-ingress policy to cut {pod} off")
         assert "served-by-server" not in blocked.stdout
+
+
+def test_a_policy_holds_from_a_new_pods_first_packet(core: client.CoreV1Api, namespace: str) -> None:
+    """As a real CNI isolates a pod before its containers start: a pod an egress policy cuts off cannot
+    connect even with the first thing its container does; a pod no policy selects, started alike, gets
+    through as soon as the pod network knows it."""
+    core.create_namespaced_pod(namespace, shell_pod(
+        "origin", "mkdir -p /www && echo served > /www/index.html && httpd -f -p 8080 -h /www", node=1))
+    server = wait_for(lambda: core.read_namespaced_pod("origin", namespace).status,
+                      lambda st: st.phase == "Running" and st.pod_ip, timeout=timeouts.POD_START,
+                      description="pod origin Running with an address").pod_ip
+    client.NetworkingV1Api(core.api_client).create_namespaced_network_policy(namespace, {
+        "metadata": {"name": "no-egress", "labels": LABELS},
+        "spec": {"podSelector": {"matchLabels": {"app": "isolated"}}, "policyTypes": ["Egress"]}})
+    attempt = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server} 8080 | grep -q served"
+    # Each container's first command is the connection; then it tries once a second for 20 s.
+    script = (f"if {attempt}; then echo first=reached; else echo first=cut; fi; "
+              f"i=0; while [ $i -lt 20 ]; do i=$((i+1)); if {attempt}; then echo reached-after=$i; break; fi; "
+              "sleep 1; done; echo done; sleep 3600")
+    for name in ("isolated", "free"):
+        core.create_namespaced_pod(namespace, shell_pod(name, script, node=NODES, labels={"app": name}))
+    logs = {name: wait_for(lambda n=name: core.read_namespaced_pod_log(n, namespace),
+                           lambda log: "done" in log.split(), timeout=timeouts.POD_START,
+                           description=f"pod {name} to try its connections to {server}:8080").split()
+            for name in ("isolated", "free")}
+    assert logs["isolated"] == ["first=cut", "done"], (
+        f"a pod its egress policy cuts off reached {server}: {logs['isolated']} (first=reached: its first "
+        "packets passed before the policy applied to it)")
+    assert any(word.startswith(("first=reached", "reached-after=")) for word in logs["free"]), logs["free"]
 
 
 def test_cluster_dns_is_coredns_pods_and_a_pods_egress_policy_governs_its_dns(
