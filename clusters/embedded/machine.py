@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from clusters.embedded.nodes.node import v1_hierarchies
 
 MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
