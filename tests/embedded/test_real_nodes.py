@@ -333,7 +333,7 @@ def test_a_policy_holds_from_a_new_pods_first_packet(core: client.CoreV1Api, nam
     client.NetworkingV1Api(core.api_client).create_namespaced_network_policy(namespace, {
         "metadata": {"name": "no-egress", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": {"app": "isolated"}}, "policyTypes": ["Egress"]}})
-    attempt = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server} 8080 | grep -q served"
+    attempt = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server} 8080 2>/dev/null | grep -q served"
     # Each container's first command is the connection; then it tries once a second for 20 s.
     script = (f"if {attempt}; then echo first=reached; else echo first=cut; fi; "
               f"i=0; while [ $i -lt 20 ]; do i=$((i+1)); if {attempt}; then echo reached-after=$i; break; fi; "
