@@ -24,6 +24,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
@@ -248,8 +249,6 @@ def test_deletion_runs_the_prestop_hook_then_sigterm_within_the_grace_period(
         core: client.CoreV1Api, namespace: str) -> None:
     """Graceful deletion as kubelet does it: the preStop hook runs to its end, then the container's
     process gets SIGTERM, well within terminationGracePeriodSeconds (written to a claim that outlives it)."""
-    import time
-
     core.create_namespaced_persistent_volume_claim(namespace, {
         "metadata": {"name": "journal", "labels": LABELS},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
