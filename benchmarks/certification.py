@@ -247,17 +247,18 @@ NODE_LAYER = ("node agent", "pod network", "volume provisioner", "kubelet", "con
 PODS = tuple(origin for _, origin in ORIGINS if origin.startswith("Kubernetes pods"))
 
 
-def runtime_runs(argv: list[str], workdir: Path) -> tuple[list[str], dict[str, list[str]]]:
+def runtime_runs(argv: list[str], workdir: Path) -> tuple[list[str], dict[str, tuple[list[str], Path | None]]]:
     """Parse ``--runtimes`` out of the benchmark's options: the runtimes (empty:
     one plain certify run of ``argv``), and per runtime certify's options for a
-    run of its own platform with ``nodes.runtime`` set over the given profile."""
+    run of its own platform with ``nodes.runtime`` set over the given profile,
+    with the directory its report goes to (None: certify's default)."""
     parser = argparse.ArgumentParser(prog="rayproof bench certification", add_help=False)
     parser.add_argument("--runtimes", default="")
     for option in ("--platform-profile", "--platform-name", "--out", "--kubeconfig"):
         parser.add_argument(option)
     known, rest = parser.parse_known_args(argv)
     if not known.runtimes:
-        return [], {"": list(argv)}
+        return [], {"": (list(argv), Path(known.out) if known.out else None)}
     runtimes = [r.strip() for r in known.runtimes.split(",") if r.strip()]
     unknown = sorted(set(runtimes) - set(RUNTIMES))
     if unknown or len(set(runtimes)) != len(runtimes):
@@ -276,15 +277,14 @@ def runtime_runs(argv: list[str], workdir: Path) -> tuple[list[str], dict[str, l
         profile = {**base, "nodes": {**(base.get("nodes") or {}), "runtime": runtime}}
         path = workdir / f"platform-profile-{runtime}.yaml"
         path.write_text(yaml.safe_dump(profile, sort_keys=False))
-        runs[runtime] = [*rest, "--platform-name", f"bench-cert-{runtime}", "--platform-profile", str(path),
-                         "--out", str(out / runtime)]
+        runs[runtime] = ([*rest, "--platform-name", f"bench-cert-{runtime}", "--platform-profile", str(path),
+                          "--out", str(out / runtime)], out / runtime)
     return runtimes, runs
 
 
-def outcome(certify_args: list[str]) -> dict[str, Any]:
-    """The verdict and clause counts of the certificate certify wrote under its ``--out``, if it wrote one."""
-    out = next((certify_args[i + 1] for i, a in enumerate(certify_args[:-1]) if a == "--out"), None)
-    certificate = Path(out) / "certification.json" if out else None
+def outcome(out: Path | None) -> dict[str, Any]:
+    """The verdict and clause counts of the certificate certify wrote in ``out``, if it wrote one."""
+    certificate = out / "certification.json" if out else None
     if certificate is None or not certificate.is_file():
         return {"verdict": None, "certificate": None}
     summary = json.loads(certificate.read_text())
@@ -315,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rayproof bench certification: {exc}", file=sys.stderr)
             return 2
         figures = {}
-        for runtime, certify_args in runs.items():
+        for runtime, (certify_args, out) in runs.items():
             if runtime:
                 print(f"rayproof bench: certifying on nodes.runtime {runtime}: rayproof certify "
                       f"{' '.join(certify_args)}", file=sys.stderr, flush=True)
-            figures[runtime] = {**run(certify_args), "outcome": outcome(certify_args)}
+            figures[runtime] = {**run(certify_args), "outcome": outcome(out)}
     report: dict[str, Any] = {"benchmark": "certification", "certify_args": argv, "machine": machine()}
     if runtimes:
         report.update(runtimes=figures, side_by_side=side_by_side(figures))

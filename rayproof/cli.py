@@ -278,8 +278,7 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
     running), checked by preflight; an exit status, with the reason printed,
     when it cannot be certified. The workers connect to it; this process owns it."""
     from clusters import open_target
-    from clusters.embedded.machine import MachineUnfit
-    from clusters.embedded.platform import PlatformInUse
+    from clusters.embedded.machine import UpRefused
     from clusters.preflight import PreflightError, preflight
 
     try:
@@ -289,7 +288,7 @@ def _open_certified_cluster(args: argparse.Namespace, profile: Any) -> Any:
     except (FileNotFoundError, ValueError) as exc:  # a bad --kubeconfig, context, platform name or platform profile
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
-    except (PlatformInUse, MachineUnfit) as exc:
+    except UpRefused as exc:  # the platform in use by other sessions, or a machine short of what it needs
         print(f"rayproof: {exc}; nothing was created", file=sys.stderr)
         return PREFLIGHT_EXIT
     try:

@@ -142,7 +142,8 @@ def test_runtimes_certify_each_node_runtime_on_a_platform_of_its_own_with_the_gi
                                    "--out", str(tmp_path / "reports")], tmp_path)
     assert runtimes == ["agent", "kubelet"]
     for runtime in runtimes:
-        args = runs[runtime]
+        args, out = runs[runtime]
+        assert out == tmp_path / "reports" / runtime
         option = dict(zip(args[2::2], args[3::2]))
         assert args[:2] == ["-k", "SEC-1"]
         assert option["--platform-name"] == f"bench-cert-{runtime}"
@@ -150,7 +151,8 @@ def test_runtimes_certify_each_node_runtime_on_a_platform_of_its_own_with_the_gi
         # The given profile's settings stay; only what runs the nodes differs.
         assert yaml.safe_load(Path(option["--platform-profile"]).read_text()) == {
             "nodes": {"count": 2, "runtime": runtime}}
-    assert runtime_runs(["-k", "SEC-1"], tmp_path) == ([], {"": ["-k", "SEC-1"]})  # without it: one plain run
+    assert runtime_runs(["-k", "SEC-1"], tmp_path) == ([], {"": (["-k", "SEC-1"], None)})  # without it: one plain run
+    assert runtime_runs(["--out", "r"], tmp_path) == ([], {"": (["--out", "r"], Path("r"))})
 
 
 @pytest.mark.parametrize("argv", [["--runtimes", "agent,docker"], ["--runtimes", "agent,agent"],

@@ -81,6 +81,17 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             s.close()
 
 
+def fd_targets(pid: int | str) -> list[str]:
+    """What process ``pid``'s open file descriptors point at (``socket:[N]``, ``anon_inode:inotify``,
+    paths); none for a process that ended or that this one may not read."""
+    targets = []
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return targets
+
+
 def listening_ports(pids: Sequence[int] | None = None) -> set[int]:
     """TCP ports in LISTEN state (of ``pids`` if given), from /proc/net/tcp*.
 
@@ -89,14 +100,7 @@ def listening_ports(pids: Sequence[int] | None = None) -> set[int]:
     """
     inodes: set[str] | None = None
     if pids is not None:
-        inodes = set()
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                for fd in os.listdir(f"/proc/{pid}/fd"):
-                    with contextlib.suppress(OSError):
-                        target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                        if target.startswith("socket:["):
-                            inodes.add(target[8:-1])
+        inodes = {target[8:-1] for pid in pids for target in fd_targets(pid) if target.startswith("socket:[")}
     ports: set[int] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as fh:

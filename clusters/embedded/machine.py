@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from clusters.embedded.controlplane import fd_targets
 from clusters.embedded.nodes.node import v1_hierarchies
 
 MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
@@ -23,8 +24,12 @@ REAL_NODE_INSTANCES = 8  # kubelet 6, containerd 1, kube-proxy 1
 NODE_AGENT_INSTANCES = 0  # the node agent and pod network (Python) hold none
 
 
-class MachineUnfit(RuntimeError):
-    """This machine cannot run the platform as its profile asks; nothing was started."""
+class UpRefused(RuntimeError):
+    """``up`` refused before it started anything; the message says what to do."""
+
+
+class MachineUnfit(UpRefused):
+    """This machine cannot run the platform as its profile asks."""
 
 
 def inotify_instances_needed(node_runtime: str, node_count: int) -> int:
@@ -35,29 +40,17 @@ def inotify_instances_needed(node_runtime: str, node_count: int) -> int:
 def inotify_instances_in_use(proc: Path = Path("/proc"), uid: int | None = None) -> int:
     """Inotify instances held now by processes whose real user is ``uid`` (default: this process's)."""
     uid = os.getuid() if uid is None else uid
-    count = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if _real_uid(entry) != uid:  # the kernel counts by the real user
-                continue
-            fds = list((entry / "fd").iterdir())
-        except OSError:
-            continue  # ended, or not ours to read
-        for fd in fds:
-            try:
-                count += os.readlink(fd) == "anon_inode:inotify"
-            except OSError:
-                continue
-    return count
+    return sum(fd_targets(entry.name).count("anon_inode:inotify")
+               for entry in proc.iterdir() if entry.name.isdigit() and _real_uid(entry) == uid)
 
 
 def _real_uid(entry: Path) -> int:
-    for line in (entry / "status").read_text().splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return -1
+    """The real user of process ``entry`` (the kernel counts instances by it); -1 once it has ended."""
+    try:
+        status = (entry / "status").read_text()
+    except OSError:
+        return -1
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Uid:")), -1)
 
 
 def check_inotify(name: str, node_runtime: str, node_count: int, others: list[str], *, limit: int | None = None,

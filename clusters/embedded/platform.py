@@ -85,7 +85,7 @@ def _quiet(_message: str) -> None:
     pass
 
 
-class PlatformInUse(RuntimeError):
+class PlatformInUse(machine.UpRefused):
     """The platform would have to be replaced, but test sessions still use it."""
 
 

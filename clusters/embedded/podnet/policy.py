@@ -224,16 +224,16 @@ class _Compiler:
         (see "New pods"): per direction a chain that returns for known pods and gateways."""
         t = self.table
         t.chain(UNKNOWN)
+        ranges = [ipaddress.ip_network(r.cidr) for r in self.new_pod_ranges]
+        known = [p for p in self.pods if any(ipaddress.ip_address(p.ip) in net for net in ranges)]
         for flag, suffix in (("-s", "SRC"), ("-d", "DST")):
             chain = f"{UNKNOWN}-{suffix}"
             t.chain(chain)
             for r in self.new_pod_ranges:
                 t.add(UNKNOWN, f"{flag} {r.cidr} -j {chain}")
                 t.add(chain, f"{flag} {r.gateway}/32 {comment('gateway ' + r.cidr)} -j RETURN")
-            ranges = [ipaddress.ip_network(r.cidr) for r in self.new_pod_ranges]
-            for pod in self.pods:
-                if any(ipaddress.ip_address(pod.ip) in net for net in ranges):
-                    t.add(chain, f"{flag} {pod.ip}/32 {comment(pod.namespace + '/' + pod.name)} -j RETURN")
+            for pod in known:
+                t.add(chain, f"{flag} {pod.ip}/32 {comment(pod.namespace + '/' + pod.name)} -j RETURN")
             t.add(chain, f"{comment('not yet a known pod')} -j DROP")
 
     def compile_rule(self, chain: str, target: Pod, ingress: bool, label: str, policy_ns: str,
