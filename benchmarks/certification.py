@@ -59,7 +59,7 @@ COMPONENTS = [
     # the fake GPU plugin; once for all of them the registry and the relay.
     ("/kubelet", "kubelet"), ("containerd-shim", "containerd shims"), ("/containerd", "containerd"),
     ("/kube-proxy", "kube-proxy"), ("/fakegpu", "fake GPU device plugin"), ("/registry", "node image registry"),
-    ("clusters.embedded.nodes.relay", "node relay"),
+    ("clusters.embedded.nodes.relay", "node relay"), ("clusters.embedded.nodes.slowpull", "node registry slow path"),
     ("redis-server", "redis (GCS fault tolerance)"), ("/gcs_server", "ray: gcs_server"), ("/raylet", "ray: raylet"),
     ("dashboard/agent.py", "ray: dashboard agent"), ("ray::DashboardAgent", "ray: dashboard agent"),
     ("runtime_env/agent", "ray: runtime-env agent"), ("ray::RuntimeEnvAgent", "ray: runtime-env agent"),
@@ -243,7 +243,8 @@ RUNTIMES = ("agent", "kubelet")
 # What runs the nodes, for either runtime: the components that are neither the
 # control plane and operators nor Ray, pytest or the pods' own programs.
 NODE_LAYER = ("node agent", "pod network", "volume provisioner", "kubelet", "containerd shims", "containerd",
-              "kube-proxy", "fake GPU device plugin", "node image registry", "node relay")
+              "kube-proxy", "fake GPU device plugin", "node image registry", "node relay",
+              "node registry slow path")
 PODS = tuple(origin for _, origin in ORIGINS if origin.startswith("Kubernetes pods"))
 
 

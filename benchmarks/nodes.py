@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import statistics
 import sys
 import threading
@@ -49,6 +48,7 @@ import psutil
 
 import benchmarks
 from benchmarks import machine
+from chaos.straggler import pull_seconds
 
 PLATFORM_NAME = "bench-nodes"
 RUNTIMES = ("agent", "kubelet")
@@ -155,16 +155,6 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
             "pull_s_by_node": dict(sorted(pulled.items())), "all_nodes_pulled_wall_s": round(wall_s, 1),
             "containerd_disk_gib_by_node": {n.name: round(disk_bytes(n.dir / "var-lib" / "containerd") / 2**30, 2)
                                             for n in nodes}}
-
-
-def pull_seconds(message: str) -> float | None:
-    """The pull time in kubelet's ``Successfully pulled image "x" in 1m1.795s (...)`` (a Go duration)."""
-    found = re.search(r"Successfully pulled image \S+ in (?:(\d+)h)?(?:(\d+)m(?!s))?(?:([\d.]+)(ms|s))? ", message)
-    if not found or not any(found.groups()):
-        return None
-    hours, minutes, value, unit = found.groups()
-    seconds = float(value or 0) / (1000 if unit == "ms" else 1)
-    return round(int(hours or 0) * 3600 + int(minutes or 0) * 60 + seconds, 1)
 
 
 def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, Any]:

@@ -3,15 +3,20 @@
 The design's straggler: three workers up in 90 s, the fourth stuck pulling a
 CUDA image. The RayJob is written as usual, then one worker replica is moved
 into a worker group of its own (same container; Ray sees one more node of the
-same shape) that is either delayed (``delay_s``: an init container that
-waits, as a slow image pull holds a pod before its containers start) or
-unpullable (``delay_s`` None: an image in the reserved ``.invalid`` domain,
-which no registry serves). Revert deletes the RayJob.
+same shape) that is either delayed (``delay_s``) or unpullable (``delay_s``
+None: an image in the reserved ``.invalid`` domain, which no registry
+serves). The delay is the pod's first init container: the platform's slow
+image (``slow_image``, the certification profile's ``kueue.slowPullImage``,
+named for this delay and a fresh nonce), which kubelet really pulls for that
+long before anything in the pod starts; or, on a platform without one, the
+worker's own image waiting that long inside the pod (a simulated pull).
+Revert deletes the RayJob.
 """
 from __future__ import annotations
 
 import copy
-import shlex
+import re
+import uuid
 from typing import Any
 
 from chaos import _kube
@@ -20,9 +25,22 @@ STRAGGLER_GROUP = "straggler"
 UNPULLABLE_IMAGE = "registry.invalid/rayproof/unpullable:0"
 
 
-def with_straggler(rayjob: dict[str, Any], delay_s: float | None) -> dict[str, Any]:
+def slow_pull_container(image: str, delay_s: float, slow_image: str = "") -> dict[str, Any]:
+    """An init container that holds its pod ``delay_s`` seconds: the pull of
+    ``slow_image`` (a reference with ``{seconds}`` and ``{nonce}``), or
+    without one, ``image`` waiting that long."""
+    resources = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
+    if slow_image:
+        reference = slow_image.format(seconds=f"{float(delay_s):g}", nonce=uuid.uuid4().hex[:12])
+        return {"name": "slow-pull", "image": reference, "imagePullPolicy": "IfNotPresent", "resources": resources}
+    wait = f"echo 'pulling (straggler)'; sleep {float(delay_s)}"  # sleep-ok: the simulated pull inside the pod
+    return {"name": "slow-pull", "image": image, "command": ["/bin/bash", "-c", wait], "resources": resources}
+
+
+def with_straggler(rayjob: dict[str, Any], delay_s: float | None, slow_image: str = "") -> dict[str, Any]:
     """``rayjob`` with one replica of its first worker group moved into a delayed
-    (``delay_s`` seconds) or unpullable (None) group of its own."""
+    (``delay_s`` seconds; see :func:`slow_pull_container`) or unpullable (None)
+    group of its own."""
     job = copy.deepcopy(rayjob)
     groups = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     base = groups[0]
@@ -39,18 +57,15 @@ def with_straggler(rayjob: dict[str, Any], delay_s: float | None) -> dict[str, A
     if delay_s is None:
         container["image"] = UNPULLABLE_IMAGE
     else:
-        wait = f"echo 'pulling (straggler)'; sleep {float(delay_s)}"  # sleep-ok: the simulated pull inside the pod
-        pod.setdefault("initContainers", []).insert(0, {
-            "name": "slow-pull", "image": container["image"], "command": ["/bin/bash", "-c", wait],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}})
+        pod.setdefault("initContainers", []).insert(0, slow_pull_container(container["image"], delay_s, slow_image))
     groups.append(late)
     return job
 
 
 def inject(kubeconfig: str, namespace: str, rayjob: dict[str, Any], delay_s: float | None = None,
-           context: str = "") -> str:
+           slow_image: str = "", context: str = "") -> str:
     """Create ``rayjob`` with a straggler (see :func:`with_straggler`); returns its name."""
-    body = with_straggler(rayjob, delay_s)
+    body = with_straggler(rayjob, delay_s, slow_image)
     _kube.custom(kubeconfig, context).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", body)
     return body["metadata"]["name"]
 
@@ -79,5 +94,22 @@ def revert(kubeconfig: str, namespace: str, name: str, context: str = "") -> boo
                                 "ray.io", "v1", namespace, "rayjobs", name)
 
 
-def describe(delay_s: float | None) -> str:
-    return "unpullable image " + shlex.quote(UNPULLABLE_IMAGE) if delay_s is None else f"{delay_s:g} s pull delay"
+
+def pull_seconds(message: str) -> float | None:
+    """The pull time in kubelet's ``Successfully pulled image "x" in 1m1.795s (...)`` (a Go duration)."""
+    found = re.search(r"Successfully pulled image \S+ in (?:(\d+)h)?(?:(\d+)m(?!s))?(?:([\d.]+)(ms|s))?( |$)", message)
+    if not found or not any(found.groups()[:4]):
+        return None
+    hours, minutes, value, unit, _ = found.groups()
+    seconds = float(value or 0) / (1000 if unit == "ms" else 1)
+    return round(int(hours or 0) * 3600 + int(minutes or 0) * 60 + seconds, 1)
+
+
+def pulls(kubeconfig: str, namespace: str, context: str = "") -> list[dict[str, Any]]:
+    """Kubelet's ``Pulled`` events of the straggler group's pods in ``namespace``:
+    pod, kubelet's message and the pull's seconds (None: the image was present)."""
+    events = _kube.core(kubeconfig, context).list_namespaced_event(namespace).items
+    return sorted(({"pod": e.involved_object.name, "message": (e.message or "")[:300],
+                    "seconds": pull_seconds(e.message or "")}
+                   for e in events if e.reason == "Pulled" and f"-{STRAGGLER_GROUP}-" in (e.involved_object.name or "")),
+                  key=lambda p: (p["pod"], p["message"]))

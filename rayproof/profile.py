@@ -48,6 +48,15 @@ def _image(v: Any) -> str:
     return v
 
 
+def _slow_pull_image(v: Any) -> str:
+    """An image reference with ``{seconds}`` and ``{nonce}`` (see profile.yaml ``kueue.slowPullImage``)."""
+    if (not isinstance(v, str) or "{seconds}" not in v or "{nonce}" not in v
+            or not _IMAGE.match(v.replace("{seconds}", "30").replace("{nonce}", "n0"))):
+        raise ValueError("an image reference with {seconds} and {nonce} in it, such as "
+                         "registry.example/slow/{seconds}/busybox:{nonce}")
+    return v
+
+
 def _text(v: Any) -> str:
     if not isinstance(v, (str, int, float)) or isinstance(v, bool) or not str(v).strip():
         raise ValueError("a non-empty string")
@@ -132,6 +141,7 @@ SCHEMA: dict[str, Any] = {
         "priorityClasses": {"low": _name, "high": _name},
         "waitForPodsReady": _wait_for_pods_ready,  # platform-owned-ok: the platform's stated value, read, never set
         "longestHealthyPull": duration(positive=True),
+        "slowPullImage": optional(_slow_pull_image),
     },
     "training": {
         "maxCollectiveTimeout": duration(positive=True),

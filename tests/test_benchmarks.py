@@ -325,17 +325,3 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
     assert nodes.main(["--runtime", "agent", "--runs", "3", "--idle-s", "0.01"]) == 130
     assert calls == ["down", "build", "up", "down", "up", "down"]
     assert json.loads(capsys.readouterr().out)["runtimes"]["agent"]["runs_finished"] == 1
-
-
-@pytest.mark.parametrize(("message", "seconds"), [
-    ('Successfully pulled image "rayproject/ray:2.60.0" in 26.618s (26.618s including waiting). Image size: 1 bytes.',
-     26.6),
-    ('spec.containers{main}: Successfully pulled image "rayproject/ray:2.60.0" in 1m1.795s (1m1.795s including '
-     'waiting). Image size: 6516194528 bytes.', 61.8),
-    ('Successfully pulled image "redis:7.0" in 749ms (749ms including waiting). Image size: 138077005 bytes.', 0.7),
-    ('Container image "rayproject/ray:2.60.0" already present on machine', None),
-])
-def test_a_pull_time_is_read_from_kubelets_event(message: str, seconds: float | None) -> None:
-    from benchmarks.nodes import pull_seconds
-
-    assert pull_seconds(message) == seconds

@@ -86,6 +86,38 @@ def test_permanent_straggler_has_an_unpullable_image_and_original_is_untouched()
         straggler.with_straggler(_job(1), delay_s=10)
 
 
+def test_a_straggler_with_the_platforms_slow_image_waits_on_a_real_pull_of_a_new_name() -> None:
+    slow = profile_mod.load()["kueue"]["slowPullImage"]  # platform-owned-ok: the reference platform's, read
+    jobs = [straggler.with_straggler(_job(2), delay_s=30, slow_image=slow) for _ in range(2)]
+    inits = [j["spec"]["rayClusterSpec"]["workerGroupSpecs"][1]["template"]["spec"]["initContainers"][0] for j in jobs]
+    assert all(i["image"].startswith("rayproof.local/slow-pull/30/busybox:") and "command" not in i for i in inits)
+    assert inits[0]["image"] != inits[1]["image"], "each straggler must pull a name no node holds yet"
+    # the worker's own container is the template's, untouched
+    assert jobs[0]["spec"]["rayClusterSpec"]["workerGroupSpecs"][1]["template"]["spec"]["containers"][0]["image"] == \
+        _job(2)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"]
+
+
+@pytest.mark.parametrize("value", ["rayproof.local/slow/busybox:{nonce}", "slow/{seconds}/busybox:latest",
+                                   "bad image/{seconds}:{nonce}", 7])
+def test_a_slow_pull_image_must_name_its_seconds_and_nonce(value: object) -> None:
+    with pytest.raises(profile_mod.ProfileError, match=r"field kueue\.slowPullImage: must be an image reference with"):
+        profile_mod.load({"kueue": {"slowPullImage": value}})
+    assert profile_mod.load({"kueue": {"slowPullImage": None}})["kueue"]["slowPullImage"] is None
+
+
+@pytest.mark.parametrize(("message", "seconds"), [
+    ('Successfully pulled image "rayproject/ray:2.60.0" in 26.618s (26.618s including waiting). Image size: 1 bytes.',
+     26.6),
+    ('spec.containers{main}: Successfully pulled image "rayproject/ray:2.60.0" in 1m1.795s (1m1.795s including '
+     'waiting). Image size: 6516194528 bytes.', 61.8),
+    ('Successfully pulled image "redis:7.0" in 749ms (749ms including waiting). Image size: 138077005 bytes.', 0.7),
+    ('Successfully pulled image "rayproof.local/slow-pull/30/busybox:1f2e" in 30.012s', 30.0),  # the node agent's
+    ('Container image "rayproject/ray:2.60.0" already present on machine', None),
+])
+def test_a_pull_time_is_read_from_kubelets_event(message: str, seconds: float | None) -> None:
+    assert straggler.pull_seconds(message) == seconds
+
+
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.json")), ids=lambda p: p.stem)
 def test_experiment_calls_existing_functions_with_declared_variables(path: Path) -> None:
     """Every activity names a real function of a chaos module, passes only

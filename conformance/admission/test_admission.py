@@ -284,7 +284,8 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
 def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_path) -> None:
     """When one worker of an admitted gang becomes Ready late because its image
     pull takes as long as the platform promises a healthy pull may take
-    (profile kueue.longestHealthyPull), the gang MUST wait for it: its Workload
+    (profile kueue.longestHealthyPull; a real pull through the platform's slow
+    path, kueue.slowPullImage, where it names one), the gang MUST wait for it: its Workload
     MUST never be evicted or requeued and it MUST keep one RayCluster (a
     waitForPodsReady shorter than the platform's own pulls makes gangs thrash),
     the worker group MUST start and every step run with the full world size,
@@ -292,6 +293,8 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     early workers held idle while waiting is reported in GPU-hours and money
     (profile cost.gpuHourPrice)."""
     delay_s = evidence.record("promised_longest_healthy_pull_s", lab.profile.seconds("kueue.longestHealthyPull"))
+    # The platform's own slow path when it names one (a real pull); else a simulated pull in the pod.
+    slow_image = evidence.record("slow_pull_image", lab.profile["kueue"]["slowPullImage"])  # platform-owned-ok: its path, read
     workers = 2
     ns = lab.namespace("a", gpus=gang_gpus(lab, workers))
     name = lab.name("late")
@@ -300,9 +303,10 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
         journal = runner.run("straggler", {
             "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
-            "rayjob": job, "rayjob_name": name,
-            "delay_s": delay_s, "wait_for": "finished_or_evicted", "within_s": timeouts.TRAINING_RUN.seconds},
+            "rayjob": job, "rayjob_name": name, "delay_s": delay_s, "slow_image": slow_image or "",
+            "wait_for": "finished_or_evicted", "within_s": timeouts.TRAINING_RUN.seconds},
             journal_path=tmp_path / "journal.json")
+    evidence.record("straggler_pulls", straggler.pulls(str(lab.kubeconfig), ns, lab.context))
     evidence.record("experiment", runner.summary(journal))
     evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
     outcome = evidence.record("rayjob", runner.output(journal, "outcome"))

@@ -4,8 +4,9 @@ One platform of two real nodes for the module (its own name and run
 directory, so it never meets the session's platform), brought up under a host
 slot. What is checked is what the node agent can only imitate: the container
 runtime's answers reaching the API through kubelet (an OOM kill's 137 and
-``lastState``, images pulled from the platform's registry and a pull's
-failure and back-off), kubelet's own server (``logs``, ``exec``), its probes
+``lastState``, images pulled from the platform's registry, a pull's
+failure and back-off, a slow pull through the registry's slow path),
+kubelet's own server (``logs``, ``exec``), its probes
 and graceful deletion (the preStop hook, then SIGTERM),
 pods of two nodes talking across the router through a Service (kube-proxy's
 rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic
@@ -41,8 +42,9 @@ from clusters.embedded.nodes.images import COREDNS_IMAGE, busybox_version
 from clusters.embedded.platform import EmbeddedPlatform
 from clusters.embedded.pki import FIRST_SERVICE_IP
 from clusters.embedded.podnet import DNS_IP, _host
+from chaos import straggler
 from fixtures.sharing import host_slot
-from rayproof import timeouts
+from rayproof import profile as profile_mod, timeouts
 from rayproof.waiting import wait_for
 
 # One xdist worker takes the whole module, so its platform of real nodes is brought up once.
@@ -195,6 +197,33 @@ def test_an_image_the_registry_does_not_hold_fails_to_pull_then_backs_off(core: 
     # The registry's own answer, through containerd and kubelet: the repository is not there.
     assert any(e.source.component == "kubelet" and e.reason == "Failed" and "not found" in e.message
                for e in events), [(e.source.component, e.reason, e.message) for e in events]
+
+
+def test_a_slow_name_is_a_real_pull_through_the_registrys_slow_path(core: client.CoreV1Api, namespace: str) -> None:
+    """ADM-3's straggler image (the profile's kueue.slowPullImage): kubelet pulls it for its seconds, every
+    name anew (two init containers on one node, each a new name, each pulled as slowly), and its default
+    command exits 0."""
+    template = profile_mod.load()["kueue"]["slowPullImage"]  # platform-owned-ok: the reference platform's, read
+    seconds = 6
+    pod = shell_pod("slow", "true", node=1)
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["initContainers"] = [straggler.slow_pull_container("unused", seconds, template) for _ in range(2)]
+    for i, init in enumerate(pod["spec"]["initContainers"]):
+        init["name"] = f"slow-{i}"
+    images = [c["image"] for c in pod["spec"]["initContainers"]]
+    created = time.monotonic()
+    core.create_namespaced_pod(namespace, pod)
+    wait_for(lambda: core.read_namespaced_pod("slow", namespace).status.phase, lambda phase: phase == "Succeeded",
+             timeout=timeouts.POD_START, description="pod slow to pull its two slow images and finish")
+    took = time.monotonic() - created
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=slow").items
+    pulled = {image: straggler.pull_seconds(e.message) for e in events if e.reason == "Pulled"
+              for image in images if f'"{image}"' in e.message}
+    assert set(pulled) == set(images) and all(s is not None and s >= seconds - 0.5 for s in pulled.values()), (
+        f"kubelet's pulls of {images}: {[(e.reason, e.message) for e in events]}")
+    assert took >= 2 * seconds, f"the pod finished {took:.1f} s after its creation, before two {seconds} s pulls"
+    inits = core.read_namespaced_pod("slow", namespace).status.init_container_statuses
+    assert [(s.state.terminated.exit_code if s.state.terminated else None) for s in inits] == [0, 0], inits
 
 
 def test_logs_and_exec_are_served_by_kubelet(platform: EmbeddedPlatform, core: client.CoreV1Api,

@@ -15,23 +15,25 @@ with back-off, the container never starts and the pod never becomes Ready).
 | ``shell`` | ``busybox*``, ``bash*``, ``debian*``, ``ubuntu*``, ``alpine*`` | the host's shell tools |
 | ``python`` | ``python*`` | the host's ``python3`` (as ``python`` too) first on ``PATH`` |
 
-Slow pulls (for straggler tests): ``rayproof.local/slow-pull/<seconds>/<image>``
+Slow pulls (ADM-3's straggler): ``rayproof.local/slow-pull/<seconds>/<image>``
 resolves like ``<image>`` but its first pull on each node takes ``<seconds>``
 (the container waits in ``ContainerCreating`` meanwhile, as during a real
 slow pull); later pulls on that node are instant, as with a cached image.
+The real nodes pull the same names through the registry's slow path
+(``nodes/slowpull.py``), really.
 """
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clusters.embedded.nodes.slowpull import REFERENCE as SLOW_PULL
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SLOW_PULL = re.compile(r"^rayproof\.local/slow-pull/(?P<seconds>\d+(?:\.\d+)?)/(?P<image>.+)$")
 
 
 class ImageNotFound(LookupError):

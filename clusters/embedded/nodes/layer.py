@@ -5,9 +5,9 @@ control plane, the operators and the pod network's router run. First, per
 node: its network namespace (``fabric.py``), certificates from the
 platform's CA, its files and cgroup tree (``node.py``). Then the registry
 with the node images pushed (``registry.py``, ``images.py``; the Ray image,
-``rayimage.py``, built first when the registry lacks it), one ``relay``
-process serving the API server and the registry inside every node
-namespace (and the API server in the router's, at the address it advertises
+``rayimage.py``, built first when the registry lacks it), the registry's
+slow path (``slowpull.py``), one ``relay`` process serving the API server,
+the registry and its slow path inside every node namespace (and the API server in the router's, at the address it advertises
 to pods), and the StorageClasses' provisioner. Then per node containerd,
 kubelet, kube-proxy and (when the profile's node shape has
 ``nvidia.com/gpu``) the fake GPU device plugin. Once the nodes are Ready the
@@ -45,7 +45,7 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
     kinds = ("containerd", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
-    return ["registry", "relay", "provisioner", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
+    return ["registry", "slow-pull", "relay", "provisioner", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
 
 def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list, progress) -> int:
@@ -75,6 +75,26 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
             progress(f"pushed {layout.name} to the node registry: {sent / 2**20:.1f} MiB in "
                      f"{time.monotonic() - t0:.1f}s")
     rayimage.ensure(images_mod.cache_dir(), base, progress)
+    return port
+
+
+def _start_slow_path(platform: "EmbeddedPlatform", layouts: list, python_env: dict[str, str]) -> int:
+    """The registry's slow path on a free loopback port, extending the shell image; returns its port."""
+    import sys
+    import urllib.request
+
+    from clusters.embedded.controlplane import free_ports
+
+    port, = free_ports(1)
+    shell = next(layout for layout in layouts if layout.name.startswith("docker.io/library/busybox:"))
+    rec = platform.start_process("slow-pull", [sys.executable, "-m", "clusters.embedded.nodes.slowpull",
+                                               "--base", str(shell.path), "--port", str(port)], env=python_env)
+
+    def answers() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=5) as resp:
+            return resp.status
+    wait_for(answers, lambda status: status == 200, timeout=timeouts.OPERATORS_START,
+             description=f"the registry's slow path answering on 127.0.0.1:{port} (log {rec.log})")
     return port
 
 
@@ -110,16 +130,18 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
                      serving_cert=certs.serving.cert, serving_key=certs.serving.key, reserved=reserved)
 
     registry_port = _start_registry(platform, binaries, layouts, progress)
+    slow_port = _start_slow_path(platform, layouts, python_env)
     ready = platform.run_dir / "relay.ready"
     api_port = int(platform.api_server_url.rsplit(":", 1)[1])
     platform.start_process("relay", [sys.executable, "-m", "clusters.embedded.nodes.relay", "--ready", str(ready),
                                      "--forward", f"{relay.API_SERVER_PORT}={api_port}",
                                      "--forward", f"{relay.REGISTRY_PORT}={registry_port}",
+                                     "--forward", f"{relay.SLOW_PULL_PORT}={slow_port}",
                                      # the API server's advertised address, for pods (CoreDNS)
                                      "--expose", f"{nodes[0].net.router}={ROUTER_IP}:{api_port}={api_port}",
                                      *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
     wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
-             description=f"the API server's and registry's listeners in the node namespaces of {platform.name}")
+             description=f"the API server's and registries' listeners in the node namespaces of {platform.name}")
     # The StorageClasses' provisioner, which the node agent runs where there is one.
     platform.start_process("provisioner", [
         sys.executable, "-m", "clusters.embedded.nodeagent.provisioner", "--kubeconfig", str(platform.kubeconfig),

@@ -34,7 +34,8 @@ from typing import Mapping
 
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import PAUSE_IMAGE
-from clusters.embedded.nodes.relay import REGISTRY_PORT
+from clusters.embedded.nodes import slowpull
+from clusters.embedded.nodes.relay import REGISTRY_PORT, SLOW_PULL_PORT
 from clusters.embedded.podnet.dns import DOMAIN
 from clusters.embedded.podnet.network import DNS_IP, POD_CIDR
 from rayproof import timeouts
@@ -142,15 +143,18 @@ class Node:
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
         (d / HOST_PATHS_BEFORE).write_text(json.dumps(host_leaks()))
-        for sub in ("run", "var-lib", "var-log", "cni/net.d", "certs.d/_default", "sysctl", "opt"):
+        for sub in ("run", "var-lib", "var-log", "cni/net.d", "certs.d/_default", f"certs.d/{slowpull.HOST}", "sysctl",
+                    "opt"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         for key, value in KERNEL_TUNABLES.items():
             (d / "sysctl" / key.replace("/", ".")).write_text(value + "\n")
         (d / "cni/net.d/10-rayproof.conflist").write_text(json.dumps(self.net.cni_config(), indent=1))
         # Every registry name goes to the platform's registry (relay.py), so no lookup leaves the machine.
-        registry = f"http://127.0.0.1:{REGISTRY_PORT}"
-        (d / "certs.d/_default/hosts.toml").write_text(
-            f'server = "{registry}"\n\n[host."{registry}"]\n  capabilities = ["pull", "resolve"]\n')
+        # The host of slow pulls goes to the registry's slow path (slowpull.py).
+        for host, port in (("_default", REGISTRY_PORT), (slowpull.HOST, SLOW_PULL_PORT)):
+            server = f"http://127.0.0.1:{port}"
+            (d / "certs.d" / host / "hosts.toml").write_text(
+                f'server = "{server}"\n\n[host."{server}"]\n  capabilities = ["pull", "resolve"]\n')
         (d / "containerd.toml").write_text(self._containerd_toml())
         (d / "kubelet.yaml").write_text(self._kubelet_yaml(ca_file, serving_cert, serving_key, reserved))
         (d / "kube-proxy.yaml").write_text(self._kube_proxy_yaml(proxy_kubeconfig))

@@ -9,15 +9,17 @@ every connection to the matching loopback port of the machine:
   control-plane node, and TLS runs end to end between kubelet and the API
   server;
 * ``127.0.0.1:5000`` -> the registry (``registry.py``): containerd's
-  ``hosts.toml`` sends every registry name there.
+  ``hosts.toml`` sends every registry name there;
+* ``127.0.0.1:5001`` -> the registry's slow path (``slowpull.py``), where
+  containerd sends the host ``rayproof.local``.
 
 With ``--expose NS=ADDRESS:PORT=UPSTREAM`` it also listens on ``ADDRESS:PORT``
 in namespace ``NS``: the pod network's router address, where the API server
 advertises itself (the ``kubernetes`` Service's endpoint), so pods reach the
 API server through ``kubernetes.default`` as on any cluster (CoreDNS does).
 
-Nothing listens in the machine's namespace but the API server and registry
-themselves.
+Nothing listens in the machine's namespace but the API server, the registry
+and its slow path themselves.
 
 ``python -m clusters.embedded.nodes.relay --netns NS [--netns NS ...] --forward PORT=UPSTREAM [...]
 [--expose NS=ADDRESS:PORT=UPSTREAM ...] --ready FILE``
@@ -36,6 +38,7 @@ from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, splice
 
 API_SERVER_PORT = 6443  # the API server, as seen from inside a node namespace
 REGISTRY_PORT = 5000  # the image registry, as seen from inside a node namespace
+SLOW_PULL_PORT = 5001  # the registry's slow path, as seen from inside a node namespace
 
 
 def listen_in(netns: str, port: int, address: str = "127.0.0.1") -> socket.socket:
