@@ -106,10 +106,11 @@ def pull_seconds(message: str) -> float | None:
 
 
 def pulls(kubeconfig: str, namespace: str, context: str = "") -> list[dict[str, Any]]:
-    """Kubelet's ``Pulled`` events of the straggler group's pods in ``namespace``:
-    pod, kubelet's message and the pull's seconds (None: the image was present)."""
+    """Kubelet's ``Pulled`` and ``Failed`` events of the straggler group's pods in ``namespace``:
+    pod, reason, kubelet's message and a pull's seconds (None: the image was present, or it failed)."""
     events = _kube.core(kubeconfig, context).list_namespaced_event(namespace).items
-    return sorted(({"pod": e.involved_object.name, "message": (e.message or "")[:300],
+    return sorted(({"pod": e.involved_object.name, "reason": e.reason, "message": (e.message or "")[:300],
                     "seconds": pull_seconds(e.message or "")}
-                   for e in events if e.reason == "Pulled" and f"-{STRAGGLER_GROUP}-" in (e.involved_object.name or "")),
-                  key=lambda p: (p["pod"], p["message"]))
+                   for e in events if e.reason in ("Pulled", "Failed")
+                   and f"-{STRAGGLER_GROUP}-" in (e.involved_object.name or "")),
+                  key=lambda p: (p["pod"], p["reason"], p["message"]))

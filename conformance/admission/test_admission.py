@@ -306,7 +306,7 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
             "rayjob": job, "rayjob_name": name, "delay_s": delay_s, "slow_image": slow_image or "",
             "wait_for": "finished_or_evicted", "within_s": timeouts.TRAINING_RUN.seconds},
             journal_path=tmp_path / "journal.json")
-    evidence.record("straggler_pulls", straggler.pulls(str(lab.kubeconfig), ns, lab.context))
+    pulls = evidence.record("straggler_pulls", straggler.pulls(str(lab.kubeconfig), ns, lab.context))
     evidence.record("experiment", runner.summary(journal))
     evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
     outcome = evidence.record("rayjob", runner.output(journal, "outcome"))
@@ -337,6 +337,12 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
         p: (round(epoch(v["ready"]) - epoch(v["created"]), 1) if v["ready"] and v["created"] else None)
         for p, v in sorted(sampler.pod_ready.items()) if v["job"] == name})
     assert not outcome.get("cause"), outcome["cause"]
+    slow = [p for p in pulls if slow_image and slow_image.split("{", 1)[0] in p["message"]]
+    failed = [p["message"] for p in slow if p["reason"] == "Failed"]
+    if failed and not any(p["reason"] == "Pulled" for p in slow):
+        pytest.fail(f"the straggler's pull of the platform's slow image failed ({failed[0]}), so the fault did not "
+                    f"take effect: kueue.slowPullImage ({slow_image}) must name an image path this platform's nodes "
+                    "pull from (null: the straggler's delay is simulated in its pod)")
     assert not evictions and not requeues and len(clusters) <= 1, (
         f"Kueue evicted the gang of RayJob {name} ({'; '.join(evictions) or 'requeued'}; RayClusters {clusters}) "
         f"while one worker's image pull took {delay_s:g} s, within the platform's promised longest healthy pull: "

@@ -6,7 +6,7 @@ slot. What is checked is what the node agent can only imitate: the container
 runtime's answers reaching the API through kubelet (an OOM kill's 137 and
 ``lastState``, images pulled from the platform's registry, a pull's
 failure and back-off, a slow pull through the registry's slow path),
-kubelet's own server (``logs``, ``exec``), its probes
+kubelet's own server (``logs``, ``exec``, ``port-forward``), its probes
 and graceful deletion (the preStop hook, then SIGTERM),
 pods of two nodes talking across the router through a Service (kube-proxy's
 rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic
@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
@@ -240,6 +241,34 @@ def test_logs_and_exec_are_served_by_kubelet(platform: EmbeddedPlatform, core: c
     pid, cmdline = ran.stdout.split("\n", 1)
     # The container's own PID namespace: its PID 1 is the container's command (sh exec'd its last one).
     assert pid.strip() != "1" and cmdline.startswith("sleep\x003600"), ran.stdout
+
+
+def test_port_forward_is_served_by_kubelet(platform: EmbeddedPlatform, core: client.CoreV1Api,
+                                          namespace: str) -> None:
+    """kubectl port-forward on this machine reaches a port of the pod's own network namespace, through
+    the API server and kubelet's (containerd's) streaming server, as on any cluster."""
+    from clusters.embedded.controlplane import free_ports
+
+    token = secrets.token_hex(6)
+    core.create_namespaced_pod(namespace, shell_pod(
+        "served", f"mkdir -p /www && echo served-{token} > /www/index.html && exec httpd -f -p 8080 -h /www"))
+    wait_for(lambda: core.read_namespaced_pod("served", namespace).status.phase, lambda phase: phase == "Running",
+             timeout=timeouts.POD_START, description="pod served Running")
+    port, = free_ports(1)
+    forward = subprocess.Popen([str(platform.binaries()["kubectl"]), f"--kubeconfig={platform.kubeconfig}",
+                                "-n", namespace, "port-forward", "pod/served", f"{port}:8080", "--address", "127.0.0.1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def fetch() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+                return resp.read().decode()
+        body = wait_for(fetch, lambda text: f"served-{token}" in text, timeout=timeouts.CONTAINER_TRANSITION,
+                        ignore=(OSError,), description=f"the pod's page through kubectl port-forward on port {port}")
+        assert body.strip() == f"served-{token}"
+    finally:
+        forward.terminate()
+        out, _ = forward.communicate(timeout=30)
+    assert f"Forwarding from 127.0.0.1:{port} -> 8080" in out, out
 
 
 def test_readiness_and_liveness_probes_are_kubelets(platform: EmbeddedPlatform, core: client.CoreV1Api,
