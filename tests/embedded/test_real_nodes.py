@@ -12,7 +12,8 @@ pods of two nodes talking across the router through a Service (kube-proxy's
 rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic
 and holding from a new pod's first packet,
 cluster DNS served by CoreDNS pods and cut by a pod's egress policy,
-volumes shared by every node or each node's own, the Redis and Ray images
+volumes shared by every node or each node's own, kubelet's eviction of
+the pod furthest over its requests when a node runs short of memory, the Redis and Ray images
 the platform builds (the pinned Ray and torch inside), KubeRay's own samples
 running on the nodes (one admitted through a team's LocalQueue), and a
 ``down`` that leaves nothing on the machine.
@@ -591,6 +592,47 @@ def test_kuberay_kueue_toy_sample_is_admitted_through_a_teams_queue_and_runs(pla
         assert "'CPU': 2.0" in line, line
     finally:
         core.delete_namespace(team)
+
+
+def test_a_node_short_of_memory_evicts_the_pod_furthest_over_its_requests(tmp_path: Path) -> None:
+    """A platform of one node offering 1 GiB: a BestEffort pod holds more than the node offers. Kubelet's eviction manager, not the kernel, ends it: allocatable memory available
+    (the pods' cgroup limit, allocatable plus the 100Mi threshold, less their working set) falls under
+    kubelet's default memory.available threshold, so the pod is Failed, reason Evicted, the node reports
+    MemoryPressure, and a Guaranteed pod within its requests on the same node keeps running."""
+    name = f"kubelet-evict-{os.getpid()}"
+    p = EmbeddedPlatform(name, run_dir=tmp_path / "platform", profile={"nodes": {
+        "runtime": "kubelet", "count": 1, "shape": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": 0}}})
+    with host_slot():
+        try:
+            p.up()
+            core = client.CoreV1Api(p.api_client())
+            calm = shell_pod("calm", "sleep 3600", memory="16Mi")
+            calm["spec"]["containers"][0]["resources"]["requests"] = {"memory": "16Mi", "cpu": "100m"}
+            core.create_namespaced_pod("default", calm)
+            # dd's one block, read from /dev/zero (every page touched) and held while dd waits to write it
+            # into a pipe nobody reads: 10 MiB past the 1 GiB offered, so with the other pods' few MiB the
+            # pods' working set passes kubelet's threshold and stays short of their cgroup's limit (1 GiB +
+            # 100Mi): kubelet evicts, the kernel kills nothing.
+            hog = shell_pod("hog", "dd if=/dev/zero bs=1034M count=1 | sleep 3600")
+            hog["spec"]["containers"][0]["resources"] = {}  # BestEffort: the furthest over its requests
+            core.create_namespaced_pod("default", hog)
+            pod = wait_for(lambda: core.read_namespaced_pod("hog", "default"),
+                           lambda pod: pod.status.phase == "Failed", timeout=timeouts.CONTAINER_TRANSITION,
+                           description="kubelet to evict pod hog once it held 1034 MiB on a 1 GiB node")
+            assert pod.status.reason == "Evicted" and "low on resource: memory" in (pod.status.message or ""), (
+                pod.status.reason, pod.status.message)
+            terminated = [s.state.terminated or s.last_state.terminated for s in pod.status.container_statuses or []]
+            assert not [t for t in terminated if t is not None and t.reason == "OOMKilled"], terminated
+            node = core.read_node("rayproof-node-1")
+            pressure = {c.type: c.status for c in node.status.conditions}
+            assert pressure.get("MemoryPressure") == "True", pressure  # held for evictionPressureTransitionPeriod
+            assert "node.kubernetes.io/memory-pressure" in {t.key for t in node.spec.taints or []}, node.spec.taints
+            assert core.read_namespaced_pod("calm", "default").status.phase == "Running"
+            events = core.list_namespaced_event("default", field_selector="involvedObject.name=hog").items
+            assert any(e.reason == "Evicted" and e.source.component == "kubelet" for e in events), (
+                [(e.source.component, e.reason, e.message) for e in events])
+        finally:
+            p.down()
 
 
 def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) -> None:
