@@ -9,7 +9,9 @@ by side in one run on one machine). For each it brings up its own platform
 prints:
 
 * ``up_s``: the wall time of a warm ``up`` (binaries already built; a build,
-  if one was needed, happens once before the runs and is printed apart);
+  if one was needed, happens once before the runs and is printed apart;
+  the real nodes' pre-pull of the Ray image, ``nodes.prepullImages``, is
+  left out, so the pull is measured on its own below);
 * the CPU-seconds every platform process (with what it started) used while
   the platform sat idle for ``S`` seconds (default 60), as a share of one
   core, and the node layer's sum (the node agents and the pod network);
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rayproof bench: {message}", file=sys.stderr, flush=True)
 
     runtimes = list(dict.fromkeys(args.runtime or RUNTIMES))
-    platforms = {r: EmbeddedPlatform(PLATFORM_NAME, profile={"nodes": {"runtime": r}}, progress=say)
+    platforms = {r: EmbeddedPlatform(PLATFORM_NAME, profile={"nodes": {"runtime": r, "prepullImages": []}},
+                                     progress=say)
                  for r in runtimes}
     first = platforms[runtimes[0]]
     first.down()  # a bench interrupted earlier left its platform: start from nothing

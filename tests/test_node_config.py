@@ -93,3 +93,28 @@ def test_the_certificate_gives_what_nodes_offer_pods_and_their_capacity_where_it
     # The node agent reports allocatable equal to capacity; a node without GPUs offers none.
     assert node_shape({"cpu": "4", "memory": "16Gi"}, {"cpu": "4", "memory": "16Gi"}) == \
         "allocatable cpu=4, memory=16Gi, nvidia.com/gpu=0"
+
+
+def test_the_pre_puller_runs_each_image_as_an_init_container_on_every_node() -> None:
+    from clusters.embedded.nodes import prepull
+    from clusters.embedded.nodes.images import PAUSE_IMAGE
+    from clusters.embedded.profile import load_profile
+
+    images = load_profile().prepull_images
+    spec = prepull.daemonset(images)["spec"]["template"]["spec"]
+    golden = Path(__file__).resolve().parents[1] / "clusters/embedded/golden"
+    template_images = {line.split("image:", 1)[1].strip() for f in golden.glob("*.yaml")
+                       for line in f.read_text().splitlines() if line.strip().startswith("image:")}
+    assert set(images) == template_images, "the default pre-pulls the golden templates' images"
+    assert [(c["image"], c["command"]) for c in spec["initContainers"]] == [(i, ["true"]) for i in images]
+    assert [c["image"] for c in spec["containers"]] == [PAUSE_IMAGE]
+    assert spec["tolerations"] == [{"operator": "Exists"}], "every node, tainted or not"
+    assert load_profile({"nodes": {"prepullImages": []}}).prepull_images == []
+
+
+@pytest.mark.parametrize("value", ["rayproject/ray:2.60.0", ["a", "a"], ["bad image"], [7]])
+def test_pre_pull_images_must_be_a_list_of_distinct_references(value: object) -> None:
+    from clusters.embedded.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError, match="nodes.prepullImages"):
+        load_profile({"nodes": {"prepullImages": value}})

@@ -228,9 +228,10 @@ class EmbeddedPlatform:
         wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
                  description=f"{want} Ready nodes of platform {self.name}" + (f" with {gpus} GPUs each" if gpus else ""))
         if self.profile.node_runtime == "kubelet":
-            from clusters.embedded.nodes import dns
+            from clusters.embedded.nodes import dns, prepull
 
             dns.deploy(self.api_client(), self.progress)
+            prepull.deploy(self.api_client(), self.profile.prepull_images, want, self.progress)
 
     def _start_node_agents(self) -> None:
         """The node agent: one process acting as kubelet and runtime for every node."""

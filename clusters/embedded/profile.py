@@ -54,6 +54,11 @@ class Profile:
         return str(self.data["nodes"]["runtime"])
 
     @property
+    def prepull_images(self) -> list[str]:
+        """Images every kubelet node pulls at ``up`` (``nodes/prepull.py``)."""
+        return list(self.data["nodes"]["prepullImages"])
+
+    @property
     def node_shape(self) -> dict[str, str]:
         """Capacity each node advertises, as Kubernetes quantity strings."""
         return {k: str(v) for k, v in self.data["nodes"]["shape"].items() if str(v) != "0"}
@@ -87,6 +92,13 @@ def _integrations(v: Any) -> list[str]:
 
 
 
+def _images(v: Any) -> list[str]:
+    if not isinstance(v, list) or len(set(v)) != len(v) or not all(
+            isinstance(x, str) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", x) for x in v):
+        raise ValueError("a list of distinct container image references, such as [rayproject/ray:2.60.0]")
+    return list(v)
+
+
 def _gates(v: Any) -> dict[str, bool]:
     if not isinstance(v, dict) or any(not isinstance(k, str) or not _GATE_RE.match(k) for k in v) or any(
         not isinstance(x, bool) for x in v.values()
@@ -106,6 +118,7 @@ SCHEMA: dict[str, Any] = {
             "memory": quantity,
             "nvidia.com/gpu": int_range(0, 64),
         },
+        "prepullImages": _images,
     },
     "controlPlane": {
         "nodeMonitorGracePeriod": duration(positive=True),

@@ -4,19 +4,20 @@ One platform of two real nodes for the module (its own name and run
 directory, so it never meets the session's platform), brought up under a host
 slot. What is checked is what the node agent can only imitate: the container
 runtime's answers reaching the API through kubelet (an OOM kill's 137 and
-``lastState``, images pulled from the platform's registry, a pull's
-failure and back-off, a slow pull through the registry's slow path),
-kubelet's own server (``logs``, ``exec``, ``port-forward``), its probes
-and graceful deletion (the preStop hook, then SIGTERM),
-pods of two nodes talking across the router through a Service (kube-proxy's
-rules in the node) and cluster DNS, a NetworkPolicy dropping that traffic
-and holding from a new pod's first packet,
-cluster DNS served by CoreDNS pods and cut by a pod's egress policy,
-volumes shared by every node or each node's own, kubelet's eviction of
-the pod furthest over its requests when a node runs short of memory, the Redis and Ray images
-the platform builds (the pinned Ray and torch inside), KubeRay's own samples
-running on the nodes (one admitted through a team's LocalQueue), and a
-``down`` that leaves nothing on the machine.
+``lastState``, images pulled from the platform's registry, a pull's failure
+and back-off, a slow pull through the registry's slow path), kubelet's own
+server (``logs``, ``exec``, ``port-forward``), its probes and graceful
+deletion (the preStop hook, then SIGTERM), pods of two nodes talking across
+the router through a Service (kube-proxy's rules in the node) and cluster
+DNS, a NetworkPolicy dropping that traffic and holding from a new pod's
+first packet, cluster DNS served by CoreDNS pods and cut by a pod's egress
+policy, volumes shared by every node or each node's own, the Redis and Ray
+images the platform builds (the pinned Ray and torch inside; the Ray image
+pre-pulled onto every node at ``up``), KubeRay's own samples running on the
+nodes (one admitted through a team's LocalQueue); and, each on a platform of
+one node of its own, kubelet's eviction of the pod furthest over its
+requests when the node runs short of memory, and a ``down`` that leaves
+nothing on the machine.
 """
 from __future__ import annotations
 
@@ -517,8 +518,18 @@ def kuberay_sample(name: str) -> dict[str, Any]:
     return yaml.safe_load(text.replace(images.pop(), rayimage.image_name()))
 
 
-def test_every_node_pulls_the_ray_image_with_the_suites_ray_and_torch(core: client.CoreV1Api, namespace: str) -> None:
-    """The Ray image is Debian's Python with the pinned Ray and torch, pulled by each node from the registry."""
+def test_every_node_holds_the_ray_image_pulled_at_up_with_the_suites_ray_and_torch(
+        platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
+    """The Ray image is Debian's Python with the pinned Ray and torch. The platform's pre-puller
+    (profile nodes.prepullImages) had each node pull it from the registry during up, so a pod of it
+    starts from the node's copy."""
+    from clusters.embedded.nodes import prepull
+
+    assert platform.profile.prepull_images == ["rayproject/ray:2.60.0"]  # the golden templates' name for it
+    pulls = {e.involved_object.name: e.message for e in core.list_namespaced_event(prepull.NAMESPACE).items
+             if e.reason == "Pulled" and '"rayproject/ray:2.60.0"' in (e.message or "")}
+    print(f"pre-pulled at up: {pulls}")  # kubelet's pull time and the image's size, per pre-puller pod
+    assert len(pulls) == NODES and all("Successfully pulled" in m for m in pulls.values()), pulls
     for node in range(1, NODES + 1):
         script = ("id -u; python -c 'import ray, torch; from importlib.metadata import version; "
                   "print(version(\"ray\"), version(\"torch\"), torch.__version__)'")
@@ -529,15 +540,14 @@ def test_every_node_pulls_the_ray_image_with_the_suites_ray_and_torch(core: clie
     for node in range(1, NODES + 1):
         name = f"ray-{node}"
         wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase, lambda ph: ph == "Succeeded",
-                 timeout=timeouts.IMAGE_PULL, description=f"pod {name} (the Ray image) to pull, run and succeed")
+                 timeout=timeouts.POD_START, description=f"pod {name} (the Ray image, pre-pulled) to run and succeed")
         said = core.read_namespaced_pod_log(name, namespace).split()
         # uid 1000 as in Ray's own images; the image's Ray and torch are the suite's pinned ones.
         assert said[:3] == ["1000", metadata.version("ray"), metadata.version("torch")], said
         assert said[3].split("+")[0] == metadata.version("torch"), said  # torch's own name for itself, +cu132
         pulled = [e.message for e in core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
                   if e.reason == "Pulled"]
-        print(f"{name}: {pulled}")  # kubelet's pull time and the image's size
-        assert any("Successfully pulled" in m for m in pulled), pulled
+        assert pulled and all("already present on machine" in m for m in pulled), pulled
 
 
 def test_kuberay_ray_cluster_sample_runs_unchanged_but_for_its_image(
@@ -601,7 +611,8 @@ def test_a_node_short_of_memory_evicts_the_pod_furthest_over_its_requests(tmp_pa
     MemoryPressure, and a Guaranteed pod within its requests on the same node keeps running."""
     name = f"kubelet-evict-{os.getpid()}"
     p = EmbeddedPlatform(name, run_dir=tmp_path / "platform", profile={"nodes": {
-        "runtime": "kubelet", "count": 1, "shape": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": 0}}})
+        "runtime": "kubelet", "count": 1, "shape": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": 0},
+        "prepullImages": []}})
     with host_slot():
         try:
             p.up()
@@ -639,7 +650,8 @@ def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) ->
     """A second platform of one node: after down, nothing of it is left on the machine."""
     name = f"kubelet-down-{os.getpid()}"
     run_dir = tmp_path / "platform"
-    p = EmbeddedPlatform(name, run_dir=run_dir, profile={"nodes": {"runtime": "kubelet", "count": 1}})
+    p = EmbeddedPlatform(name, run_dir=run_dir, profile={"nodes": {"runtime": "kubelet", "count": 1,
+                                                                "prepullImages": []}})
     node = node_mod.cgroup_root(name, "rayproof-node-1")
     before = set(node_mod.host_leaks())
     with host_slot():
@@ -667,7 +679,7 @@ def test_down_after_up_was_killed_with_nodes_running(tmp_path: Path) -> None:
     name = f"kubelet-kill-{os.getpid()}"
     run_dir = tmp_path / "platform"
     profile = tmp_path / "profile.yaml"
-    profile.write_text("nodes:\n  runtime: kubelet\n  count: 1\n")
+    profile.write_text("nodes:\n  runtime: kubelet\n  count: 1\n  prepullImages: []\n")
     sup = Supervisor(run_dir)
     before = set(node_mod.host_leaks())
     with host_slot():
