@@ -94,7 +94,6 @@ def revert(kubeconfig: str, namespace: str, name: str, context: str = "") -> boo
                                 "ray.io", "v1", namespace, "rayjobs", name)
 
 
-
 def pull_seconds(message: str) -> float | None:
     """The pull time in kubelet's ``Successfully pulled image "x" in 1m1.795s (...)`` (a Go duration)."""
     found = re.search(r"Successfully pulled image \S+ in (?:(\d+)h)?(?:(\d+)m(?!s))?(?:([\d.]+)(ms|s))?( |$)", message)

@@ -285,9 +285,10 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     """When one worker of an admitted gang becomes Ready late because its image
     pull takes as long as the platform promises a healthy pull may take
     (profile kueue.longestHealthyPull; a real pull through the platform's slow
-    path, kueue.slowPullImage, where it names one), the gang MUST wait for it: its Workload
-    MUST never be evicted or requeued and it MUST keep one RayCluster (a
-    waitForPodsReady shorter than the platform's own pulls makes gangs thrash),
+    path, kueue.slowPullImage, where it names one), the gang MUST wait for
+    it: its Workload MUST never be evicted or requeued and it MUST keep one
+    RayCluster (a waitForPodsReady shorter than the platform's own pulls makes
+    gangs thrash),
     the worker group MUST start and every step run with the full world size,
     never a partial one, and the job MUST succeed. The accelerator time the
     early workers held idle while waiting is reported in GPU-hours and money

@@ -7,8 +7,9 @@ platform's CA, its files and cgroup tree (``node.py``). Then the registry
 with the node images pushed (``registry.py``, ``images.py``; the Ray image,
 ``rayimage.py``, built first when the registry lacks it), the registry's
 slow path (``slowpull.py``), one ``relay`` process serving the API server,
-the registry and its slow path inside every node namespace (and the API server in the router's, at the address it advertises
-to pods), and the StorageClasses' provisioner. Then per node containerd,
+the registry and its slow path inside every node namespace (and the API
+server in the router's, at the address it advertises to pods), and the
+StorageClasses' provisioner. Then per node containerd,
 kubelet, kube-proxy and (when the profile's node shape has
 ``nvidia.com/gpu``) the fake GPU device plugin. Once the nodes are Ready the
 platform deploys cluster DNS on them (``dns.py``).
@@ -45,7 +46,8 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
     kinds = ("containerd", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
-    return ["registry", "slow-pull", "relay", "provisioner", *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
+    return ["registry", "slow-pull", "relay", "provisioner",
+            *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
 
 def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list, progress) -> int:

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from clusters.embedded.nodes import slowpull
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import PAUSE_IMAGE
-from clusters.embedded.nodes import slowpull
 from clusters.embedded.nodes.relay import REGISTRY_PORT, SLOW_PULL_PORT
 from clusters.embedded.podnet.dns import DOMAIN
 from clusters.embedded.podnet.network import DNS_IP, POD_CIDR
