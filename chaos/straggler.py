@@ -23,6 +23,9 @@ from chaos import _kube
 
 STRAGGLER_GROUP = "straggler"
 UNPULLABLE_IMAGE = "registry.invalid/rayproof/unpullable:0"
+SLOW_PULL_CONTAINER = "slow-pull"  # the straggler's first init container
+# How kubelet's events name that container (involvedObject.fieldPath).
+SLOW_PULL_FIELD_PATH = f"spec.initContainers{{{SLOW_PULL_CONTAINER}}}"
 
 
 def slow_pull_container(image: str, delay_s: float, slow_image: str = "") -> dict[str, Any]:
@@ -32,9 +35,10 @@ def slow_pull_container(image: str, delay_s: float, slow_image: str = "") -> dic
     resources = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
     if slow_image:
         reference = slow_image.format(seconds=f"{float(delay_s):g}", nonce=uuid.uuid4().hex[:12])
-        return {"name": "slow-pull", "image": reference, "imagePullPolicy": "IfNotPresent", "resources": resources}
+        return {"name": SLOW_PULL_CONTAINER, "image": reference, "imagePullPolicy": "IfNotPresent",
+                "resources": resources}
     wait = f"echo 'pulling (straggler)'; sleep {float(delay_s)}"  # sleep-ok: the simulated pull inside the pod
-    return {"name": "slow-pull", "image": image, "command": ["/bin/bash", "-c", wait], "resources": resources}
+    return {"name": SLOW_PULL_CONTAINER, "image": image, "command": ["/bin/bash", "-c", wait], "resources": resources}
 
 
 def with_straggler(rayjob: dict[str, Any], delay_s: float | None, slow_image: str = "") -> dict[str, Any]:
@@ -106,10 +110,11 @@ def pull_seconds(message: str) -> float | None:
 
 def pulls(kubeconfig: str, namespace: str, context: str = "") -> list[dict[str, Any]]:
     """Kubelet's ``Pulled`` and ``Failed`` events of the straggler group's pods in ``namespace``:
-    pod, reason, kubelet's message and a pull's seconds (None: the image was present, or it failed)."""
+    pod, container (the event's fieldPath), reason, kubelet's message and a pull's seconds (None: the
+    image was present, or it failed)."""
     events = _kube.core(kubeconfig, context).list_namespaced_event(namespace).items
-    return sorted(({"pod": e.involved_object.name, "reason": e.reason, "message": (e.message or "")[:300],
-                    "seconds": pull_seconds(e.message or "")}
+    return sorted(({"pod": e.involved_object.name, "container": e.involved_object.field_path, "reason": e.reason,
+                    "message": (e.message or "")[:300], "seconds": pull_seconds(e.message or "")}
                    for e in events if e.reason in ("Pulled", "Failed")
                    and f"-{STRAGGLER_GROUP}-" in (e.involved_object.name or "")),
                   key=lambda p: (p["pod"], p["reason"], p["message"]))

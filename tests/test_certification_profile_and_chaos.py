@@ -91,6 +91,7 @@ def test_a_straggler_with_the_platforms_slow_image_waits_on_a_real_pull_of_a_new
     jobs = [straggler.with_straggler(_job(2), delay_s=30, slow_image=slow) for _ in range(2)]
     inits = [j["spec"]["rayClusterSpec"]["workerGroupSpecs"][1]["template"]["spec"]["initContainers"][0] for j in jobs]
     assert all(i["image"].startswith("rayproof.local/slow-pull/30/busybox:") and "command" not in i for i in inits)
+    assert all(i["name"] == straggler.SLOW_PULL_CONTAINER for i in inits)  # what ADM-3 finds its pull events by
     assert inits[0]["image"] != inits[1]["image"], "each straggler must pull a name no node holds yet"
     # the worker's own container is the template's, untouched
     assert jobs[0]["spec"]["rayClusterSpec"]["workerGroupSpecs"][1]["template"]["spec"]["containers"][0]["image"] == \

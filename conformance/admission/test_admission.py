@@ -338,7 +338,7 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
         p: (round(epoch(v["ready"]) - epoch(v["created"]), 1) if v["ready"] and v["created"] else None)
         for p, v in sorted(sampler.pod_ready.items()) if v["job"] == name})
     assert not outcome.get("cause"), outcome["cause"]
-    slow = [p for p in pulls if slow_image and slow_image.split("{", 1)[0] in p["message"]]
+    slow = [p for p in pulls if slow_image and p["container"] == straggler.SLOW_PULL_FIELD_PATH]
     failed = [p["message"] for p in slow if p["reason"] == "Failed"]
     if failed and not any(p["reason"] == "Pulled" for p in slow):
         pytest.fail(f"the straggler's pull of the platform's slow image failed ({failed[0]}), so the fault did not "

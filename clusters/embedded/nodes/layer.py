@@ -50,11 +50,23 @@ def process_names(count: int, gpus: bool) -> list[str]:
             *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
 
+def _wait_answering(port: int, what: str) -> str:
+    """Wait until the registry API on loopback ``port`` answers ``/v2/``; returns its base URL."""
+    import urllib.request
+
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> int:
+        with urllib.request.urlopen(f"{base}/v2/", timeout=5) as resp:
+            return resp.status
+    wait_for(answers, lambda status: status == 200, timeout=timeouts.OPERATORS_START,
+             description=f"{what} answering on {base}")
+    return base
+
+
 def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list, progress) -> int:
     """The registry on a free loopback port, the node images pushed to it (the Ray image built
     first if the registry lacks it); returns its port."""
-    import urllib.request
-
     from clusters.embedded.controlplane import free_ports
 
     port, = free_ports(1)
@@ -63,13 +75,7 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
     cfg = platform.run_dir / "registry.yml"
     cfg.write_text(registry.config_yaml(storage, port))
     rec = platform.start_process("registry", [str(binaries["registry"]), "serve", str(cfg)], env=env_for("registry"))
-    base = f"http://127.0.0.1:{port}"
-
-    def answers() -> int:
-        with urllib.request.urlopen(f"{base}/v2/", timeout=5) as resp:
-            return resp.status
-    wait_for(answers, lambda status: status == 200, timeout=timeouts.OPERATORS_START,
-             description=f"the node registry answering on {base} (log {rec.log})")
+    base = _wait_answering(port, f"the node registry (log {rec.log})")
     for layout in layouts:
         t0 = time.monotonic()
         sent = registry.push(layout.path, layout.name, base)
@@ -83,20 +89,13 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
 def _start_slow_path(platform: "EmbeddedPlatform", layouts: list, python_env: dict[str, str]) -> int:
     """The registry's slow path on a free loopback port, extending the shell image; returns its port."""
     import sys
-    import urllib.request
-
     from clusters.embedded.controlplane import free_ports
 
     port, = free_ports(1)
     shell = next(layout for layout in layouts if layout.name.startswith("docker.io/library/busybox:"))
     rec = platform.start_process("slow-pull", [sys.executable, "-m", "clusters.embedded.nodes.slowpull",
                                                "--base", str(shell.path), "--port", str(port)], env=python_env)
-
-    def answers() -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=5) as resp:
-            return resp.status
-    wait_for(answers, lambda status: status == 200, timeout=timeouts.OPERATORS_START,
-             description=f"the registry's slow path answering on 127.0.0.1:{port} (log {rec.log})")
+    _wait_answering(port, f"the registry's slow path (log {rec.log})")
     return port
 
 

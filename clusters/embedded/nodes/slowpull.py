@@ -59,15 +59,9 @@ def digest_of(data: bytes) -> str:
 class SlowImage:
     seconds: float
     manifest: bytes
-    config: bytes
-    pad: bytes  # the added layer's blob (an uncompressed tar)
-
-    @property
-    def manifest_digest(self) -> str:
-        return digest_of(self.manifest)
-
-    def blob(self, digest: str) -> bytes | None:
-        return {digest_of(self.config): self.config, digest_of(self.pad): self.pad}.get(digest)
+    manifest_digest: str
+    blobs: dict[str, bytes]  # its config and its added layer, by digest
+    pad_digest: str  # the added layer's (an uncompressed tar)
 
 
 class Base:
@@ -98,7 +92,9 @@ class Base:
         manifest["config"] = {**manifest["config"], "digest": digest_of(config_blob), "size": len(config_blob)}
         manifest["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest_of(pad),
                                    "size": len(pad)})
-        return SlowImage(seconds, json.dumps(manifest, sort_keys=True).encode(), config_blob, pad)
+        manifest_blob = json.dumps(manifest, sort_keys=True).encode()
+        return SlowImage(seconds, manifest_blob, digest_of(manifest_blob),
+                         {digest_of(config_blob): config_blob, digest_of(pad): pad}, digest_of(pad))
 
 
 class Images:
@@ -136,9 +132,8 @@ class Images:
         """A blob of ``repository``'s images and the seconds its download is to take (0: at once)."""
         with self._lock:
             for (repo, _), image in self._by_name.items():
-                data = image.blob(digest) if repo == repository else None
-                if data is not None:
-                    return data, image.seconds if data is image.pad else 0.0
+                if repo == repository and digest in image.blobs:
+                    return image.blobs[digest], image.seconds if digest == image.pad_digest else 0.0
         if _REPOSITORY.match(repository) and self.base.has(digest):
             return self.base.blob(digest), 0.0
         return None
