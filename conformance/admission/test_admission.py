@@ -341,7 +341,7 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     slow = [p for p in pulls if slow_image and p["container"] == straggler.SLOW_PULL_FIELD_PATH]
     failed = [p["message"] for p in slow if p["reason"] == "Failed"]
     if failed and not any(p["reason"] == "Pulled" for p in slow):
-        pytest.fail(f"the straggler's pull of the platform's slow image failed ({failed[0]}), so the fault did not "
+        pytest.fail(f"the straggler's pull of the platform's slow image failed ({'; '.join(failed)}), so the fault did not "
                     f"take effect: kueue.slowPullImage ({slow_image}) must name an image path this platform's nodes "
                     "pull from (null: the straggler's delay is simulated in its pod)")
     assert not evictions and not requeues and len(clusters) <= 1, (
