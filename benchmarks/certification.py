@@ -60,6 +60,7 @@ COMPONENTS = [
     ("/kubelet", "kubelet"), ("containerd-shim", "containerd shims"), ("/containerd", "containerd"),
     ("/kube-proxy", "kube-proxy"), ("/fakegpu", "fake GPU device plugin"), ("/registry", "node image registry"),
     ("clusters.embedded.nodes.relay", "node relay"), ("clusters.embedded.nodes.slowpull", "node registry slow path"),
+    ("clusters.embedded.nodes.oomgroup", "node OOM group"), ("/ctr", "node OOM group"),  # and its `ctr events`
     ("redis-server", "redis (GCS fault tolerance)"), ("/gcs_server", "ray: gcs_server"), ("/raylet", "ray: raylet"),
     ("dashboard/agent.py", "ray: dashboard agent"), ("ray::DashboardAgent", "ray: dashboard agent"),
     ("runtime_env/agent", "ray: runtime-env agent"), ("ray::RuntimeEnvAgent", "ray: runtime-env agent"),
@@ -244,7 +245,7 @@ RUNTIMES = ("agent", "kubelet")
 # control plane and operators nor Ray, pytest or the pods' own programs.
 NODE_LAYER = ("node agent", "pod network", "volume provisioner", "kubelet", "containerd shims", "containerd",
               "kube-proxy", "fake GPU device plugin", "node image registry", "node relay",
-              "node registry slow path")
+              "node registry slow path", "node OOM group")
 PODS = tuple(origin for _, origin in ORIGINS if origin.startswith("Kubernetes pods"))
 
 

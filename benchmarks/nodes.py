@@ -67,7 +67,8 @@ def node_layer(runtime: str, names: Iterable[str]) -> list[str]:
     """Which of the platform's processes are its node layer, for ``runtime``."""
     if runtime == "agent":
         return [n for n in NODE_LAYER if n in names]
-    return [n for n in names if n in ("podnet", "relay", "registry") or n.startswith(("containerd-", "kubelet-", "kube-proxy-", "fakegpu-"))]
+    return [n for n in names if n in ("podnet", "relay", "registry")
+            or n.startswith(("containerd-", "oom-group-", "kubelet-", "kube-proxy-", "fakegpu-"))]
 
 
 def _tree_sum(pids: dict[str, int], measure: Callable[[psutil.Process], float]) -> dict[str, float]:

@@ -62,6 +62,8 @@ def test_components_are_told_apart_by_command_line():
         (f"{BIN}/fakegpu --count 8 --id-prefix rayproof-node-1-", "fakegpu"): "fake GPU device plugin",
         (f"{VENV} -m clusters.embedded.nodes.relay --ready /r/relay.ready", "python3"): "node relay",
         (f"{VENV} -m clusters.embedded.nodeagent.provisioner --kubeconfig k", "python3"): "volume provisioner",
+        (f"{VENV} -m clusters.embedded.nodes.oomgroup --ctr {BIN}/ctr --address s", "python3"): "node OOM group",
+        (f"{BIN}/ctr --address /run/containerd/containerd.sock events", "ctr"): "node OOM group",
         # A pod's Ray on a real node runs the image's Python, not the venv's.
         ("/usr/bin/python3.11 /usr/local/bin/ray start --head --block", "ray"): "ray: `ray start`",
         ("/usr/local/lib/python3.11/dist-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray", "gcs_server"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusters.embedded.nodes import dns
+from clusters.embedded.nodes import dns, oomgroup
 from clusters.embedded.nodes.images import COREDNS_IMAGE
 from clusters.embedded.nodes.node import Node, system_reserved
 from clusters.embedded.nodes.relay import _expose
@@ -118,3 +118,22 @@ def test_pre_pull_images_must_be_a_list_of_distinct_references(value: object) ->
 
     with pytest.raises(ProfileError, match="nodes.prepullImages"):
         load_profile({"nodes": {"prepullImages": value}})
+
+
+def test_the_oom_group_reads_containerds_oom_events_and_nothing_else() -> None:
+    line = ('2026-12-05 07:30:00.123456789 +0000 UTC k8s.io /tasks/oom '
+            '{"container_id":"4f1e0c2a9b"}\n')
+    assert oomgroup.oom_event(line) == ("k8s.io", "4f1e0c2a9b")
+    for other in ('2026-12-05 07:30:00.1 +0000 UTC k8s.io /tasks/exit {"container_id":"4f1e","exit_status":137}',
+                  '2026-12-05 07:30:00.1 +0000 UTC k8s.io /tasks/oom {}',
+                  '2026-12-05 07:30:00.1 +0000 UTC k8s.io /tasks/oom not-json',
+                  '/tasks/oom', ''):
+        assert oomgroup.oom_event(other) is None, other
+
+
+def test_the_oom_group_kills_every_process_of_the_container_through_containerd(monkeypatch) -> None:
+    ran = []
+    monkeypatch.setattr(oomgroup.subprocess, "run", lambda argv, **kw: ran.append(argv))
+    oomgroup.kill_container(["/b/ctr", "--address", "/run/containerd/containerd.sock"], "k8s.io", "4f1e")
+    assert ran == [["/b/ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "task", "kill",
+                    "--all", "--signal", "SIGKILL", "4f1e"]]

@@ -183,6 +183,21 @@ def test_a_container_over_its_memory_limit_is_oom_killed_by_the_kernel(
     assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137), terminated
 
 
+def test_a_container_whose_child_is_oom_killed_ends_oom_killed_as_a_whole(
+        core: client.CoreV1Api, namespace: str) -> None:
+    """cgroup v2's memory.oom.group on cgroup v1 (``oomgroup.py``): once the kernel kills dd, a child of
+    the container's shell, the shell goes too, so the container ends OOMKilled, 137, and restarts. Without
+    the group the shell would sleep on for the hour, Running."""
+    core.create_namespaced_pod(namespace, shell_pod(
+        "oom-child", "dd if=/dev/zero of=/dev/null bs=64M count=1; echo the shell lives on; exec sleep 3600"))
+    status = wait_for(lambda: container_status(core, namespace, "oom-child"),
+                      lambda s: s is not None and (s.restart_count or 0) >= 1 and s.last_state.terminated is not None,
+                      timeout=timeouts.CONTAINER_TRANSITION,
+                      description="pod oom-child restarted after the kernel OOM-killed its shell's child")
+    terminated = status.last_state.terminated
+    assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137), terminated
+
+
 def test_an_image_the_registry_does_not_hold_fails_to_pull_then_backs_off(core: client.CoreV1Api, namespace: str) -> None:
     core.create_namespaced_pod(namespace, shell_pod("nopull", "true", image="rayproof.invalid/none/such:1"))
     seen: set[str] = set()

@@ -9,8 +9,8 @@ with the node images pushed (``registry.py``, ``images.py``; the Ray image,
 slow path (``slowpull.py``), one ``relay`` process serving the API server,
 the registry and its slow path inside every node namespace (and the API
 server in the router's, at the address it advertises to pods), and the
-StorageClasses' provisioner. Then per node containerd,
-kubelet, kube-proxy and (when the profile's node shape has
+StorageClasses' provisioner. Then per node containerd, its
+``memory.oom.group`` on cgroup v1 (``oomgroup.py``), kubelet, kube-proxy and (when the profile's node shape has
 ``nvidia.com/gpu``) the fake GPU device plugin. Once the nodes are Ready the
 platform deploys cluster DNS on them (``dns.py``).
 Nodes pull their images, the sandbox image included, from the registry as
@@ -45,7 +45,7 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 
 def process_names(count: int, gpus: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order."""
-    kinds = ("containerd", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
+    kinds = ("containerd", "oom-group", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
     return ["registry", "slow-pull", "relay", "provisioner",
             *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
 
@@ -157,6 +157,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
                  description=f"containerd of {node.name} answering on its socket (log {rec.log})")
         platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
                                exec_argvs=node.kubelet_exec_argvs(rec.pid))
+        argv = node.oom_group_argv(rec.pid, sys.executable)
+        platform.start_process(f"oom-group-{node.index}", argv, env=python_env, exec_argvs=[argv[4:], argv[8:]])
         argv = node.kube_proxy_argv(rec.pid)
         platform.start_process(f"kube-proxy-{node.index}", argv, env=env_for("kube-proxy"),
                                exec_argvs=[argv[4:], argv[8:]])

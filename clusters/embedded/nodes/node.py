@@ -327,6 +327,13 @@ state = "/run/containerd"
                 "/bin/sh", str(self.dir / "enter.sh"), "plugins", "plain",
                 str(self.bin_dir / "fakegpu"), "--count", str(count), "--id-prefix", f"{self.name}-"]
 
+    def oom_group_argv(self, containerd_pid: int, python: str) -> list[str]:
+        """The node's ``memory.oom.group`` on cgroup v1 (``oomgroup.py``), in the node's namespaces."""
+        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
+                "/bin/sh", str(self.dir / "enter.sh"), "plugins", "plain",
+                python, "-m", "clusters.embedded.nodes.oomgroup", "--ctr", str(self.bin_dir / "ctr"),
+                "--address", CONTAINERD_SOCKET]
+
     def ctr(self, containerd_pid: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd (inside its namespaces)."""
         return subprocess.run(["nsenter", f"--target={containerd_pid}", "--mount", "--net",
