@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,37 @@ def test_test_command_hands_pytest_options_to_pytest(monkeypatch):
     assert "--durations=5" in seen[1] and "--durations=40" not in seen[1], seen[1]
     with pytest.raises(SystemExit):
         cli.main(["report", "results.json", "-k", "ADM"])
+
+
+REFUSED_IN_EVERY_WORKER = '''
+import pytest
+
+from fixtures.kube import exit_run
+
+@pytest.fixture(scope="session")
+def platform(request):
+    exit_run(request, "rayproof: the platform was started from other files; run `bin/rayproof down`", 4)
+
+@pytest.mark.clause("T-1")
+def test_one(platform):
+    """The thing MUST work."""
+
+@pytest.mark.clause("T-2")
+def test_two(platform):
+    """The other thing MUST work."""
+'''
+
+
+def test_a_run_ended_by_xdist_workers_keeps_their_message_and_exit_code(pytester, monkeypatch):
+    """A worker that refuses the platform ends the run with its reason and code; xdist alone
+    would call it a crash (INTERNALERROR, exit 3) and drop the message."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # this checkout, for the workers
+    _suite(pytester, REFUSED_IN_EVERY_WORKER)
+    out = pytester.path / "results.json"
+    result = pytester.runpytest_subprocess("conformance", "-n", "2", "-p", "no:cacheprovider",
+                                           f"--rayproof-results={out}")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4, text
+    assert "INTERNALERROR" not in text, text
+    assert "the platform was started from other files" in text, text
+    assert json.loads(out.read_text())["exit_status"] == 4
