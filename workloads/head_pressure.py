@@ -2,10 +2,10 @@
 
 Reproduces the design's head-OOM incident: a driver on the head keeps
 materialising blocks of ``--chunk-bytes`` in its own heap and ``ray.put``-ing
-a share of them (held in the head's object store), toward ``--target-bytes``.  It prints a progress line
-per chunk with what it holds, so whoever ran it can tell how far it got when
-the memory limit of the head's container killed it.  It stops by itself at the
-target (exit 0) or after ``--max-seconds`` (exit 3).
+a share of them (held in the head's object store), toward ``--target-bytes``.
+It prints a progress line per block with what it holds, so whoever ran it can
+tell how far it got when the memory limit of the head's container killed it.
+It stops by itself at the target (exit 0) or after ``--max-seconds`` (exit 3).
 
 The pressure runs in a child process of its own session, which the command
 waits for and whose end it reports (137 when the kernel killed it). That is
@@ -21,8 +21,8 @@ them. At its memory limit a container's kernel reclaims the file pages the
 head's processes run from before it OOM-kills anything; written page by page
 between Python steps, a block let those processes fault their pages back in as
 fast as they were reclaimed, and a head with Serve's busy processes on it was
-seen thrashing at its limit for five minutes (6.5 million failed charges) with
-no OOM kill.
+seen thrashing at its limit for minutes (6.5 million failed charges) with no
+OOM kill.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-bytes", type=int, required=True)
     p.add_argument("--chunk-bytes", type=int, default=256 * 2**20)
     p.add_argument("--object-store-share", type=float, default=0.25,
-                   help="fraction of chunks also put in the object store (0 = heap only)")
+                   help="fraction of blocks put in the object store rather than held in the heap (0 = heap only)")
     p.add_argument("--max-seconds", type=float, default=300)
     p.add_argument("--no-ray", action="store_true", help="heap only, without connecting to Ray")
     p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"))
@@ -115,7 +115,8 @@ def pressure(args: argparse.Namespace) -> int:
         block = materialise(args.chunk_bytes)
         index += 1
         if ray is not None and every and index % every == 0:
-            refs.append(ray.put(block.read()))  # a copy in the object store; the block is unmapped
+            refs.append(ray.put(block.read()))  # a copy in the object store
+            block.close()
             store_bytes += args.chunk_bytes
         else:
             heap.append(block)

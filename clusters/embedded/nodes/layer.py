@@ -10,9 +10,10 @@ slow path (``slowpull.py``), one ``relay`` process serving the API server,
 the registry and its slow path inside every node namespace (and the API
 server in the router's, at the address it advertises to pods), and the
 StorageClasses' provisioner. Then per node containerd, its
-``memory.oom.group`` on cgroup v1 (``oomgroup.py``), kubelet, kube-proxy and (when the profile's node shape has
-``nvidia.com/gpu``) the fake GPU device plugin. Once the nodes are Ready the
-platform deploys cluster DNS on them (``dns.py``).
+``memory.oom.group`` on cgroup v1 (``oomgroup.py``), kubelet, kube-proxy
+and (when the profile's node shape has ``nvidia.com/gpu``) the fake GPU
+device plugin. Once the nodes are Ready the platform deploys cluster DNS on
+them (``dns.py``).
 Nodes pull their images, the sandbox image included, from the registry as
 any node does. ``down`` stops these programs like every platform process;
 then the cleanup registered per node kills what is left in its cgroup tree
@@ -155,10 +156,10 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         wait_for(lambda: node.ctr(rec.pid, "version", timeout=10), lambda r: r.returncode == 0,
                  timeout=timeouts.OPERATORS_START,
                  description=f"containerd of {node.name} answering on its socket (log {rec.log})")
+        argv = node.oom_group_argv(rec.pid, sys.executable)  # before any container starts
+        platform.start_process(f"oom-group-{node.index}", argv, env=python_env, exec_argvs=[argv[4:], argv[8:]])
         platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
                                exec_argvs=node.kubelet_exec_argvs(rec.pid))
-        argv = node.oom_group_argv(rec.pid, sys.executable)
-        platform.start_process(f"oom-group-{node.index}", argv, env=python_env, exec_argvs=[argv[4:], argv[8:]])
         argv = node.kube_proxy_argv(rec.pid)
         platform.start_process(f"kube-proxy-{node.index}", argv, env=env_for("kube-proxy"),
                                exec_argvs=[argv[4:], argv[8:]])
