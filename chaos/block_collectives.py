@@ -43,8 +43,9 @@ def steady_state(kubeconfig: str, namespace: str, context: str = "") -> bool:
 
 def inject(kubeconfig: str, namespace: str, labels: dict[str, str] | None = None, context: str = "") -> str:
     """Apply the deny policy to the workers of ``namespace``; returns its name."""
-    # platform-owned-ok: the fault itself, in the suite's own namespace, removed by revert()
-    _kube.networking(kubeconfig, context).create_namespaced_network_policy(namespace, deny_policy(labels))
+    policy = deny_policy(labels)  # in the suite's own namespace; revert() removes it
+    net = _kube.networking(kubeconfig, context)
+    net.create_namespaced_network_policy(namespace, policy)  # platform-owned-ok: this policy is the fault itself
     return DENY_NAME
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay
-from clusters.embedded.nodes.node import Node, env_for, machine_capacity, system_reserved
+from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
 from rayproof import timeouts
 from rayproof.waiting import wait_for
@@ -156,15 +156,12 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         wait_for(lambda: node.ctr(rec.pid, "version", timeout=10), lambda r: r.returncode == 0,
                  timeout=timeouts.OPERATORS_START,
                  description=f"containerd of {node.name} answering on its socket (log {rec.log})")
-        argv = node.oom_group_argv(rec.pid, sys.executable)  # before any container starts
-        platform.start_process(f"oom-group-{node.index}", argv, env=python_env, exec_argvs=[argv[4:], argv[8:]])
-        platform.start_process(f"kubelet-{node.index}", node.kubelet_argv(rec.pid), env=env_for("kubelet"),
-                               exec_argvs=node.kubelet_exec_argvs(rec.pid))
-        argv = node.kube_proxy_argv(rec.pid)
-        platform.start_process(f"kube-proxy-{node.index}", argv, env=env_for("kube-proxy"),
-                               exec_argvs=[argv[4:], argv[8:]])
+        # In process_names' order: the OOM group watches before any container starts.
+        in_node = [("oom-group", node.oom_group_argv(rec.pid, sys.executable), python_env),
+                   ("kubelet", node.kubelet_argv(rec.pid), env_for("kubelet")),
+                   ("kube-proxy", node.kube_proxy_argv(rec.pid), env_for("kube-proxy"))]
         if gpus:
-            argv = node.gpu_plugin_argv(rec.pid, gpus)
-            platform.start_process(f"fakegpu-{node.index}", argv, env=env_for("fakegpu"),
-                                   exec_argvs=[argv[4:], argv[8:]])
+            in_node.append(("fakegpu", node.gpu_plugin_argv(rec.pid, gpus), env_for("fakegpu")))
+        for kind, argv, env in in_node:
+            platform.start_process(f"{kind}-{node.index}", argv, env=env, exec_argvs=in_node_exec_argvs(argv))
     progress(f"platform {platform.name}: {len(nodes)} kubelet nodes started (containerd, runc); waiting for Ready")

@@ -304,41 +304,44 @@ state = "/run/containerd"
         argv = self.containerd_argv()
         return [argv[3:], argv[6:], argv[10:]]
 
-    def kubelet_argv(self, containerd_pid: int) -> list[str]:
+    def _in_node(self, containerd_pid: int, leaf: str, *program: str) -> list[str]:
+        """``program`` in the node's namespaces (containerd's), joining cgroup leaf ``leaf`` of its tree."""
         return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
-                "/bin/sh", str(self.dir / "enter.sh"), "kubelet", "plain",
-                str(self.bin_dir / "kubelet"), "--config", str(self.dir / "kubelet.yaml"),
-                "--kubeconfig", str(self.dir / "kubelet.kubeconfig"), "--hostname-override", self.name,
-                "--node-ip", self.net.ip, "--node-labels", f"rayproof.dev/node-index={self.index}"]
+                "/bin/sh", str(self.dir / "enter.sh"), leaf, "plain", *program]
 
-    def kubelet_exec_argvs(self, containerd_pid: int) -> list[list[str]]:
-        argv = self.kubelet_argv(containerd_pid)
-        return [argv[4:], argv[8:]]
+    def kubelet_argv(self, containerd_pid: int) -> list[str]:
+        return self._in_node(containerd_pid, "kubelet",
+                             str(self.bin_dir / "kubelet"), "--config", str(self.dir / "kubelet.yaml"),
+                             "--kubeconfig", str(self.dir / "kubelet.kubeconfig"), "--hostname-override", self.name,
+                             "--node-ip", self.net.ip, "--node-labels", f"rayproof.dev/node-index={self.index}")
 
     def kube_proxy_argv(self, containerd_pid: int) -> list[str]:
         """kube-proxy (iptables mode) in the node's namespaces: Services are DNATed in the node."""
-        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
-                "/bin/sh", str(self.dir / "enter.sh"), "kube-proxy", "plain",
-                str(self.bin_dir / "kube-proxy"), "--config", str(self.dir / "kube-proxy.yaml")]
+        return self._in_node(containerd_pid, "kube-proxy",
+                             str(self.bin_dir / "kube-proxy"), "--config", str(self.dir / "kube-proxy.yaml"))
 
     def gpu_plugin_argv(self, containerd_pid: int, count: int) -> list[str]:
         """The fake GPU device plugin (``gomod/kubernetes/fakegpu``), in the node's namespaces."""
-        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
-                "/bin/sh", str(self.dir / "enter.sh"), "plugins", "plain",
-                str(self.bin_dir / "fakegpu"), "--count", str(count), "--id-prefix", f"{self.name}-"]
+        return self._in_node(containerd_pid, "plugins",
+                             str(self.bin_dir / "fakegpu"), "--count", str(count), "--id-prefix", f"{self.name}-")
 
     def oom_group_argv(self, containerd_pid: int, python: str) -> list[str]:
         """The node's ``memory.oom.group`` on cgroup v1 (``oomgroup.py``), in the node's namespaces."""
-        return ["nsenter", f"--target={containerd_pid}", "--mount", "--net",
-                "/bin/sh", str(self.dir / "enter.sh"), "plugins", "plain",
-                python, "-m", "clusters.embedded.nodes.oomgroup", "--ctr", str(self.bin_dir / "ctr"),
-                "--address", CONTAINERD_SOCKET]
+        return self._in_node(containerd_pid, "plugins",
+                             python, "-m", "clusters.embedded.nodes.oomgroup", "--ctr", str(self.bin_dir / "ctr"),
+                             "--address", CONTAINERD_SOCKET)
 
     def ctr(self, containerd_pid: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd (inside its namespaces)."""
         return subprocess.run(["nsenter", f"--target={containerd_pid}", "--mount", "--net",
                                str(self.bin_dir / "ctr"), "--address", CONTAINERD_SOCKET, "-n", "k8s.io", *args],
                               capture_output=True, text=True, timeout=timeout)
+
+
+def in_node_exec_argvs(argv: list[str]) -> list[list[str]]:
+    """The command lines a program started in a node's namespaces (``Node._in_node``) shows once
+    ``nsenter`` has exec'd ``enter.sh`` and that has exec'd the program."""
+    return [argv[4:], argv[8:]]
 
 
 # -- teardown ---------------------------------------------------------------------------
