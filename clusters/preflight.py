@@ -11,7 +11,7 @@ RayJob's shape fits, or a profile naming objects the cluster does not have.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from clusters import access
 
@@ -37,7 +37,6 @@ MIN_OPERATOR_VERSIONS = {
 }
 # Workers of a gang: a gang of the golden RayJob's shape, as most clauses submit it.
 GANG_WORKERS = 2
-GPU = "nvidia.com/gpu"
 
 
 class PreflightError(RuntimeError):
@@ -229,16 +228,17 @@ def _version(tag: str) -> tuple[int, int, int] | None:
     return tuple(int(x) for x in match.groups()) if match else None  # type: ignore[return-value]
 
 
-def workers_that_fit(api: Any, profile: Any) -> int:
+def workers_that_fit(api: Any, profile: Any, beside: Mapping[str, str] | None = None) -> int:
     """How many workers of the golden RayJob's shape the cluster's Ready,
-    schedulable nodes hold at once, by the resource that binds (GPUs; CPUs on
-    a CPU-only profile), counting only nodes whose NoSchedule and NoExecute
-    taints the worker pod tolerates."""
+    schedulable nodes hold at once, by every resource a worker requests (its
+    GPUs, CPUs and memory), counting only nodes whose NoSchedule and NoExecute
+    taints the worker pod tolerates; with ``beside`` (requests by resource),
+    only the workers each node holds beside those."""
     from kubernetes import client
     from kubernetes.utils import parse_quantity
 
-    resource, per_worker = (GPU, profile.worker_gpus) if profile.worker_gpus else \
-        ("cpu", parse_quantity(profile.worker_cpu))
+    per_worker = {"pods": 1, **{r: parse_quantity(q) for r, q in profile.worker_requests.items() if parse_quantity(q) > 0}}
+    reserved = {r: parse_quantity(q) for r, q in (beside or {}).items()}
     tolerations = profile.worker_tolerations
     workers = 0
     for node in client.CoreV1Api(api).list_node().items:
@@ -246,7 +246,9 @@ def workers_that_fit(api: Any, profile: Any) -> int:
         repelled = [t for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")
                     and not any(_tolerates(tol, t) for tol in tolerations)]
         if ready and not node.spec.unschedulable and not repelled:
-            workers += int(parse_quantity((node.status.allocatable or {}).get(resource, "0")) // per_worker)
+            allocatable = node.status.allocatable or {}
+            workers += max(0, min(int((parse_quantity(allocatable.get(r, "0")) - reserved.get(r, 0)) // amount)
+                                  for r, amount in per_worker.items()))
     return workers
 
 
@@ -261,4 +263,4 @@ def _tolerates(toleration: Any, taint: Any) -> bool:
 
 
 def _worker_shape(profile: Any) -> str:
-    return f"{profile.worker_gpus} {GPU}" if profile.worker_gpus else f"{profile.worker_cpu} CPU"
+    return ", ".join(f"{amount} {resource}" for resource, amount in sorted(profile.worker_requests.items()))

@@ -201,6 +201,20 @@ def _check_relations(data: dict[str, Any], source: str) -> None:
         raise ProfileError(f"{source}: field kueue.priorityClasses.high: must differ from low; got {pcs['high']!r}")
 
 
+# What KubeRay's default submitter pod requests (GetDefaultSubmitterContainer
+# in ray-operator's controllers/ray/common/job.go, v1.1 on): a RayJob whose
+# template has no submitterPodTemplate gets it.
+KUBERAY_SUBMITTER_REQUESTS = {"cpu": "500m", "memory": "200Mi"}
+
+
+def container_requests(container: Mapping[str, Any]) -> dict[str, str]:
+    """A container's requests by resource; a limit stands for a request it
+    lacks, as the API server defaults it."""
+    resources = container.get("resources") or {}
+    return {**{k: str(v) for k, v in (resources.get("limits") or {}).items()},
+            **{k: str(v) for k, v in (resources.get("requests") or {}).items()}}
+
+
 @dataclass(frozen=True)
 class CertificationProfile:
     """A validated certification profile; ``data`` is the merged mapping."""
@@ -246,6 +260,31 @@ class CertificationProfile:
         resources = self._worker().get("resources") or {}
         return str((resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
                    or 0)
+
+    @property
+    def worker_requests(self) -> dict[str, str]:
+        """What a worker pod of the golden RayJob requests, by resource (quantities)."""
+        return container_requests(self._worker())
+
+    @property
+    def gang_companion_requests(self) -> dict[str, str]:
+        """What the golden RayJob's pods other than its workers request
+        together, by resource: its head, and the submitter pod KubeRay starts
+        for it (K8sJobMode, the default: the template's ``submitterPodTemplate``,
+        else KubeRay's default submitter)."""
+        from kubernetes.utils import parse_quantity
+
+        job = self.templates["rayJob"]["spec"]
+        pods = [self.cluster_spec("rayJob")["headGroupSpec"]["template"]["spec"]]
+        if job.get("submissionMode", "K8sJobMode") == "K8sJobMode":
+            pods.append((job.get("submitterPodTemplate") or {}).get("spec")
+                        or {"containers": [{"resources": {"requests": KUBERAY_SUBMITTER_REQUESTS}}]})
+        total: dict[str, Any] = {}
+        for pod in pods:
+            for container in pod.get("containers") or []:
+                for resource, amount in container_requests(container).items():
+                    total[resource] = total.get(resource, 0) + parse_quantity(amount)
+        return {resource: format(amount.normalize(), "f") for resource, amount in total.items()}
 
     @property
     def worker_gpus(self) -> int:

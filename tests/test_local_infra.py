@@ -257,6 +257,41 @@ def test_clauses_side_by_side_hold_shares_and_one_needing_all_is_not_overtaken(t
         os.close(fd)
 
 
+def _nodes(count: int, cpu: str, memory: str = "16Gi", gpus: str = "8") -> object:
+    """A node listing as the API returns it: ``count`` Ready nodes of one allocatable."""
+    from kubernetes.client import (V1Node, V1NodeCondition, V1NodeList, V1NodeSpec, V1NodeStatus,
+                                   V1ObjectMeta)
+
+    return V1NodeList(items=[V1Node(
+        metadata=V1ObjectMeta(name=f"node-{i}"), spec=V1NodeSpec(),
+        status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready", status="True")],
+                            allocatable={"cpu": cpu, "memory": memory, "nvidia.com/gpu": gpus, "pods": "110"}))
+        for i in range(count)])
+
+
+@pytest.mark.parametrize("cpu, gangs", [
+    ("4", 2),  # the node agent's shape: a worker beside a head and a submitter on every node
+    ("2", 1),  # a real node on this machine: two gangs fit the total of 8 CPUs, not any placement of their heads
+    ("96", 2),  # a GPU fleet's node: its GPUs bind
+])
+def test_shares_count_the_workers_each_node_holds_beside_a_head_and_a_submitter(monkeypatch, cpu, gangs):
+    from kubernetes import client
+
+    from clusters.preflight import workers_that_fit
+    from fixtures.sharing import gangs_that_fit
+    from rayproof import profile as profile_mod
+
+    profile = profile_mod.load()
+    assert profile.worker_requests == {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "8"}
+    assert profile.gang_companion_requests == {"cpu": "1.5", "memory": "4504682496"}, \
+        "the head (1 CPU, 4Gi) and KubeRay's default submitter (500m, 200Mi)"
+    monkeypatch.setattr(client.CoreV1Api, "list_node", lambda self, **kw: _nodes(4, cpu))
+    assert workers_that_fit(None, profile) == 4, "one worker per node by its GPUs, whatever the CPUs"
+    assert gangs_that_fit(None, profile) == gangs
+    monkeypatch.setattr(client.CoreV1Api, "list_node", lambda self, **kw: _nodes(4, "96", memory="3Gi", gpus="16"))
+    assert workers_that_fit(None, profile) == 4, "memory binds: GPUs for two workers a node, memory for one"
+
+
 def test_host_slots_cap_work_on_this_machine_and_pass_to_children(tmp_path, monkeypatch):
     """As many holders at once as slots; a process holding one (or whose
     ancestor does) takes no second; a third holder waits, naming the slots."""
