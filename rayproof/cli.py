@@ -36,7 +36,9 @@ CERTIFY_EXITS = f"""exit status:
   {BAD_INPUT_EXIT}  bad input (options, profile, kubeconfig or context); nothing was created
   {NO_VERDICT_EXIT}  PARTIAL (a subset of the clauses, -k), INCOMPLETE (interrupted) or NON-DEFAULT
      (RAYPROOF_TIMEOUT_* set): no verdict on the whole platform
-  {PREFLIGHT_EXIT}  preflight refused the cluster (unreachable, CRDs, RBAC, profile objects); nothing was created
+  {PREFLIGHT_EXIT}  preflight refused the cluster (unreachable, CRDs, RBAC, profile objects), or the embedded
+     platform could not be had as asked (in use, started by `up` with another profile, machine short);
+     nothing was created
   {INTERNAL_ERROR_EXIT}  internal error: the run ended without results"""
 
 

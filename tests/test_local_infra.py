@@ -346,6 +346,34 @@ def test_a_platform_started_from_other_platform_files_is_not_reused(tmp_path, mo
     assert "other files of the reference platform" in (platform._reuse_blocker(binaries) or "")
 
 
+def test_a_run_asking_another_profile_leaves_a_platform_from_rayproof_up_as_it_is(tmp_path, monkeypatch):
+    """A certification naming a platform a user started with `rayproof up`
+    and another profile (say, without --platform-profile) is refused with
+    what to do, and the platform is not cleared; one a test session started
+    is replaced as before."""
+    from clusters.embedded.machine import UpRefused
+    from clusters.embedded.platform import OTHER_PROFILE, EmbeddedPlatform
+
+    binaries = {"kube-apiserver": tmp_path / "bin" / "kube-apiserver"}
+    platform = EmbeddedPlatform("kept", run_dir=tmp_path / "kept", binaries=binaries)
+    platform.run_dir.mkdir()
+    platform.state.update(phase="running", profile_digest="0" * 16, profile_source="/home/me/kubelet4.yaml",
+                          bin_dir=str(tmp_path / "bin"))
+    monkeypatch.setattr(platform, "health", lambda: {"kube-apiserver": "ok"})
+    assert platform._reuse_blocker(binaries) == OTHER_PROFILE
+    with pytest.raises(UpRefused, match=r"platform kept, started by `rayproof up` with /home/me/kubelet4.yaml, "
+                                        r"runs another platform profile .*\(--platform-profile\)"):
+        platform.up(session=True)
+    assert platform.state.read()["phase"] == "running", "nothing was cleared"
+
+    monkeypatch.setattr(platform, "_teardown", lambda: [])
+    monkeypatch.setattr("clusters.embedded.machine.check_cgroups", lambda runtime: (_ for _ in ()).throw(
+        UpRefused("stop here: the replacement would start")))
+    platform._users_dir.mkdir()  # a test session's platform, none of its users alive
+    with pytest.raises(UpRefused, match="stop here"):
+        platform.up(session=True)
+
+
 def test_a_lock_reached_through_a_symbolic_link_or_a_shared_directory_is_refused(tmp_path):
     """Share locks live in a directory of this user's own: a lock file that is
     a symbolic link (to a file another user wants root to open) and a lock

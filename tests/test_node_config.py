@@ -27,10 +27,10 @@ def test_a_shape_smaller_than_the_machine_is_reserved_down_to_with_the_eviction_
 def test_what_the_machine_lacks_is_named_and_not_reserved() -> None:
     reserved, short = system_reserved({"cpu": "4", "memory": "16Gi"}, cpus=2, memory_bytes=24 * GIB)
     assert reserved == {"memory": f"{8 * 1024 - 100}Mi"}
-    assert short == ["cpu 4 (the machine has 2)"]
+    assert short == ["cpu 4: the machine has 2"]
     reserved, short = system_reserved({"cpu": "500m", "memory": "32Gi"}, cpus=2, memory_bytes=24 * GIB)
     assert reserved == {"cpu": "1500m"}
-    assert short == ["memory 32Gi (the machine has 24.0Gi)"]
+    assert short == ["memory 32Gi: the machine has 24.0Gi"]
 
 
 def test_a_shape_equal_to_the_machine_or_silent_on_a_resource_reserves_nothing() -> None:

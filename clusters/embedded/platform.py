@@ -59,6 +59,7 @@ STATE_VERSION = 1
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 Progress = Callable[[str], None]
 UNHEALTHY = "it is unhealthy: "
+OTHER_PROFILE = "it runs with a different profile"
 
 
 def platform_root() -> Path:
@@ -87,6 +88,11 @@ def _quiet(_message: str) -> None:
 
 class PlatformInUse(machine.UpRefused):
     """The platform would have to be replaced, but test sessions still use it."""
+
+
+class PlatformKept(machine.UpRefused):
+    """A run asks for another profile than the one a user's ``rayproof up``
+    started the platform with: it is theirs, and is not replaced under them."""
 
 
 class EmbeddedPlatform:
@@ -376,6 +382,13 @@ class EmbeddedPlatform:
                              description=f"platform {self.name}, used by sessions {users}, to be healthy again")
                     return self._joined(session)
                 reason = self._reuse_blocker(binaries) or reason
+            if session and reason == OTHER_PROFILE and not self.session_owned():
+                started_with = self.state.read().get("profile_source") or "another profile"
+                raise PlatformKept(
+                    f"platform {self.name}, started by `rayproof up` with {started_with}, runs another platform "
+                    f"profile than this run's ({self.profile.source}); it is left as it is. Name the profile it "
+                    f"was started with (--platform-profile), another platform (--platform-name), or take it down "
+                    f"first (`bin/rayproof down --name {self.name}`)")
             if users:
                 raise PlatformInUse(f"platform {self.name} cannot be replaced ({reason}): test sessions "
                                     f"{users} still use it; wait for them to end, or stop them, then run again "
@@ -395,7 +408,8 @@ class EmbeddedPlatform:
             self.state.update(
                 state_version=STATE_VERSION, name=self.name, phase="starting",
                 owner_pid=os.getpid(), owner=owner_token(), started_at=time.time(),
-                profile=self.profile.as_dict(), profile_digest=self.profile.digest(), files_digest=files_digest(),
+                profile=self.profile.as_dict(), profile_digest=self.profile.digest(), profile_source=self.profile.source,
+                files_digest=files_digest(),
                 bin_dir=str(Path(binaries["kube-apiserver"]).parent), versions=versions,
             )
             t0 = time.monotonic()
@@ -444,7 +458,7 @@ class EmbeddedPlatform:
         if st.get("phase") != "running":
             return f"a previous up ended in phase {st.get('phase')!r}"
         if st.get("profile_digest") != self.profile.digest():
-            return "it runs with a different profile"
+            return OTHER_PROFILE
         if st.get("bin_dir") != str(Path(binaries["kube-apiserver"]).parent):
             return "it runs other binaries (versions.toml changed)"
         if st.get("files_digest") != files_digest():

@@ -114,8 +114,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     proxy_cert = platform.pki.ca.issue(platform.run_dir / "pki", "kube-proxy", "system:kube-proxy", client=True)
     reserved, short = system_reserved(platform.profile.node_shape, *machine_capacity())
     if short:
-        progress(f"platform {platform.name}: the profile's node shape asks more than this machine has, so each "
-                 f"kubelet node offers the machine's own: {', '.join(short)}")
+        progress(f"platform {platform.name}: the profile's node shape asks more than this machine has "
+                 f"({'; '.join(short)}), so each kubelet node offers what the machine has")
     for node in nodes:
         # Registered after the pod network's teardown, so each runs before it: nodes go before the router.
         platform.register_cleanup("clusters.embedded.nodes.node:teardown", platform=platform.name,

@@ -81,14 +81,14 @@ def system_reserved(shape: Mapping[str, str], cpus: int, memory_bytes: int) -> t
         if want_m < cpus * 1000:
             reserved["cpu"] = f"{cpus * 1000 - want_m}m"
         elif want_m > cpus * 1000:
-            short.append(f"cpu {shape['cpu']} (the machine has {cpus})")
+            short.append(f"cpu {shape['cpu']}: the machine has {cpus}")
     if "memory" in shape:
         want = int(parse_quantity(shape["memory"]))
         spare = memory_bytes - want - int(parse_quantity(MEMORY_EVICTION_THRESHOLD))
         if spare > 0:
             reserved["memory"] = f"{spare // 2**20}Mi"
         elif want > memory_bytes:
-            short.append(f"memory {shape['memory']} (the machine has {memory_bytes / 2**30:.1f}Gi)")
+            short.append(f"memory {shape['memory']}: the machine has {memory_bytes / 2**30:.1f}Gi")
     return reserved, short
 
 
