@@ -55,10 +55,11 @@ COMPONENTS = [
     ("kube-scheduler", "kube-scheduler"), ("/etcd", "etcd"), ("kuberay-operator", "kuberay-operator"),
     ("kueue", "kueue"), ("clusters.embedded.nodeagent.provisioner", "volume provisioner"),
     ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
-    # The real nodes (nodes.runtime: kubelet): per node kubelet, containerd (its shims apart), kube-proxy and
-    # the fake GPU plugin; once for all of them the registry and the relay.
+    # The real nodes (nodes.runtime: kubelet): per node kubelet, containerd (its shims apart), kube-proxy,
+    # kube-router and the fake GPU plugin; once for all of them the registry and the relay.
     ("/kubelet", "kubelet"), ("containerd-shim", "containerd shims"), ("/containerd", "containerd"),
-    ("/kube-proxy", "kube-proxy"), ("/fakegpu", "fake GPU device plugin"), ("/registry", "node image registry"),
+    ("/kube-proxy", "kube-proxy"), ("/kube-router", "kube-router (NetworkPolicy)"),
+    ("/fakegpu", "fake GPU device plugin"), ("/registry", "node image registry"),
     ("clusters.embedded.nodes.relay", "node relay"), ("clusters.embedded.nodes.slowpull", "node registry slow path"),
     ("clusters.embedded.nodes.oomgroup", "node OOM group"), ("/ctr", "node OOM group"),  # and its `ctr events`
     ("redis-server", "redis (GCS fault tolerance)"), ("/gcs_server", "ray: gcs_server"), ("/raylet", "ray: raylet"),
@@ -244,7 +245,7 @@ RUNTIMES = ("agent", "kubelet")
 # What runs the nodes, for either runtime: the components that are neither the
 # control plane and operators nor Ray, pytest or the pods' own programs.
 NODE_LAYER = ("node agent", "pod network", "volume provisioner", "kubelet", "containerd shims", "containerd",
-              "kube-proxy", "fake GPU device plugin", "node image registry", "node relay",
+              "kube-proxy", "kube-router (NetworkPolicy)", "fake GPU device plugin", "node image registry", "node relay",
               "node registry slow path", "node OOM group")
 PODS = tuple(origin for _, origin in ORIGINS if origin.startswith("Kubernetes pods"))
 

@@ -56,7 +56,8 @@ PLATFORM_NAME = "bench-nodes"
 RUNTIMES = ("agent", "kubelet")
 DESCRIPTIONS = {
     "agent": "node agent and pod network (Python)",
-    "kubelet": "upstream kubelet, containerd and runc per node; the pod network's router, DNS and policy (Python)",
+    "kubelet": "upstream kubelet, containerd, runc, kube-proxy and kube-router per node; CoreDNS pods; the pod "
+               "network's router (Python)",
 }
 # The node layer: what real kubelet nodes replace (kubelet, containerd and
 # runc; the CNI plugins, kube-proxy, cluster DNS and the policy engine).
@@ -68,7 +69,7 @@ def node_layer(runtime: str, names: Iterable[str]) -> list[str]:
     if runtime == "agent":
         return [n for n in NODE_LAYER if n in names]
     return [n for n in names if n in ("podnet", "relay", "registry")
-            or n.startswith(("containerd-", "oom-group-", "kubelet-", "kube-proxy-", "fakegpu-"))]
+            or n.startswith(("containerd-", "oom-group-", "kubelet-", "kube-proxy-", "kube-router-", "fakegpu-"))]
 
 
 def _tree_sum(pids: dict[str, int], measure: Callable[[psutil.Process], float]) -> dict[str, float]:
@@ -205,7 +206,7 @@ def node_layer_build_s(binaries: dict[str, Any]) -> dict[str, float]:
     seconds = build.build_info(Path(binaries["kubelet"]).parent).get("seconds", {})
     mine = {k: v for k, v in seconds.items() if not k.endswith(":modules") and (
         k in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "pause", "fakegpu",
-              "registry")
+              "registry", "kube-router")
         or k.startswith("cni/"))}
     return {**mine, "total": round(sum(mine.values()), 1)}
 

@@ -137,3 +137,32 @@ def test_the_oom_group_kills_every_process_of_the_container_through_containerd(m
     oomgroup.kill_container(["/b/ctr", "--address", "/run/containerd/containerd.sock"], "k8s.io", "4f1e")
     assert ran == [["/b/ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "task", "kill",
                     "--all", "--signal", "SIGKILL", "4f1e"]]
+
+
+def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_own_namespaces(tmp_path: Path) -> None:
+    from clusters.embedded.nodes.layer import process_names
+    from clusters.embedded.nodes.node import in_node_exec_argvs
+
+    node = Node("p", 2, "rayproof-node-2", tmp_path / "n2", tmp_path / "bin")
+    argv = node.kube_router_argv(4242)
+    assert argv[:4] == ["nsenter", "--target=4242", "--mount", "--net"], "in the node's namespaces, as kubelet"
+    program = in_node_exec_argvs(argv)[-1]
+    assert program[0] == str(tmp_path / "bin" / "kube-router")
+    flags = program[1:]
+    assert {"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--netpol-default-deny=true",
+            "--service-cluster-ip-range=198.19.0.0/16", "--health-port=0"} <= set(flags)
+    assert flags[flags.index("--hostname-override") + 1] == "rayproof-node-2", "every node shares the hostname"
+    assert process_names(2, gpus=False, policies=True)[-2:] == ["kube-router-1", "kube-router-2"], \
+        "started once every node is registered"
+    assert not any(n.startswith("kube-router") for n in process_names(2, gpus=False, policies=False))
+
+
+def test_kube_router_cannot_be_asked_to_cut_open_connections() -> None:
+    from clusters.embedded.profile import load_profile
+    from rayproof.schema import ProfileError
+
+    assert load_profile({"nodes": {"runtime": "kubelet"}}).data["network"]["policyCutsOpenConnections"] is None
+    assert load_profile({"network": {"policyCutsOpenConnections": True}}).data["network"]["policyCutsOpenConnections"]
+    with pytest.raises(ProfileError, match="network.policyCutsOpenConnections: kube-router.* keeps the connections"):
+        load_profile({"nodes": {"runtime": "kubelet"}, "network": {"policyCutsOpenConnections": True}})
+

@@ -17,7 +17,9 @@ upstream code is copied into the repository:
   ``github.com/opencontainers/runc``; the CNI plugins ``ptp``,
   ``loopback``, ``host-local`` and ``portmap`` from
   ``github.com/containernetworking/plugins`` into ``cni/``; ``registry``
-  from ``github.com/distribution/distribution/v3``; and our own programs,
+  from ``github.com/distribution/distribution/v3``; ``kube-router`` (the
+  nodes' NetworkPolicy engine) from ``github.com/cloudnativelabs/kube-router/v2``,
+  with the one ``replace`` versions.toml names; and our own programs,
   committed as Go sources beside their locked go.mod (``gomod/pause/``: a pod
   sandbox's PID 1; ``gomod/kubernetes/fakegpu/``: a GPU device plugin).
 
@@ -45,8 +47,8 @@ rebuild under a new key (e.g. after a comment edit in versions.toml) mostly
 re-links. Measured on 2 cores: cold build about 32 minutes (kube-apiserver
 11, kueue 12, kube-controller-manager 4, kuberay 4, etcd 1.5) before the node
 layer, which adds about 4 more (kubelet and kube-proxy about a minute on the
-shared graph, containerd's three 1.7, runc and the CNI plugins seconds);
-warm call about 0.02 s.
+shared graph, containerd's three 1.7, runc and the CNI plugins seconds,
+kube-router 3.3 on its own graph); warm call about 0.02 s.
 
 Run ``python -m clusters.embedded.build`` to build (or find) everything and
 print the paths.
@@ -82,10 +84,11 @@ RECIPE = "3"
 # them read-only (-mod=readonly), so every module and its hash is fixed in the
 # repository; `python -m clusters.embedded.build --relock` rewrites them.
 LOCKED_MODULES = pathlib.Path(__file__).resolve().parent / "gomod"
-COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause", "registry", "coredns")
+COMPONENTS = ("etcd", "kubernetes", "kuberay", "kueue", "containerd", "runc", "cni", "pause", "registry", "coredns",
+              "kuberouter")
 # The platform's recorded pins (pinned_versions()); the rest is the node layer.
 PLATFORM_COMPONENTS = ("kubernetes", "etcd", "kuberay", "kueue")
-NODE_COMPONENTS = ("containerd", "runc", "cni", "pause", "registry", "coredns")
+NODE_COMPONENTS = ("containerd", "runc", "cni", "pause", "registry", "coredns", "kuberouter")
 # KubeRay operator versions the embedded platform can be upgraded to
 # (`certify --upgrade-to`), each a consumer module locked the same way in
 # upgrades/kuberay-<version>/ (`--relock-kuberay VERSION` writes it). Kept
@@ -111,6 +114,7 @@ BINARIES = (
     "fakegpu",
     "registry",
     "coredns",
+    "kube-router",
 )
 # Programs of our own built on the Kubernetes module graph, each a main package
 # committed under gomod/kubernetes/<name>/ (their sources are in the build key):
@@ -611,6 +615,12 @@ def _prepare(
         # Our own main (gomod/coredns/main.go) with the plugins the Corefile uses.
         text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [])
         builds = [("coredns", local, "", "-s -w")]
+    elif name == "kuberouter":
+        pkg = f"{mod}/cmd/kube-router"
+        replaces = [f"\t{r}" for r in pin.get("replace", [])]
+        text = _gomod(local, go_line, godebug, [f"{mod} {ver}"], [pkg], replaces)
+        builds = [("kube-router", pkg, "", f"-s -w -X {mod}/pkg/version.Version={ver} "
+                   f"-X {mod}/pkg/version.BuildDate={released}")]
     elif name == "pause":
         text = _gomod(local, go_line, godebug, [], [])  # its main.go is committed beside its go.mod
         builds = [("pause", local, "", f"-s -w -X main.version={ver}")]

@@ -234,8 +234,10 @@ class EmbeddedPlatform:
         wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
                  description=f"{want} Ready nodes of platform {self.name}" + (f" with {gpus} GPUs each" if gpus else ""))
         if self.profile.node_runtime == "kubelet":
-            from clusters.embedded.nodes import dns, prepull
+            from clusters.embedded.nodes import dns, layer, netpol, prepull
 
+            if self.profile.data["network"]["enforceNetworkPolicy"]:  # before any pod of the platform's own
+                netpol.start(self, layer.nodes_of(self), self.progress)
             dns.deploy(self.api_client(), self.progress)
             prepull.deploy(self.api_client(), self.profile.prepull_images, want, self.progress)
 
@@ -261,17 +263,14 @@ class EmbeddedPlatform:
                               state_dir=str(self.podnet_dir))
         argv = [sys.executable, "-m", "clusters.embedded.podnet", "run", "--kubeconfig", str(self.kubeconfig),
                 "--platform", self.name, "--state-dir", str(self.podnet_dir)]
-        if not self.profile.data["network"]["enforceNetworkPolicy"]:
-            argv.append("--no-network-policy")
-        if self.profile.data["network"]["policyCutsOpenConnections"]:
-            argv.append("--recheck-established")
         if self.profile.node_runtime == "kubelet":
-            from clusters.embedded.nodes.fabric import NodeNet
-
-            argv.append("--no-dns")  # CoreDNS pods serve it (nodes/dns.py)
-            for i in range(1, self.profile.node_count + 1):  # each node's CNI hands out its pods' addresses
-                net = NodeNet(self.name, i)
-                argv += ["--isolate-new-pods", f"{net.pod_cidr}={net.pod_gateway}"]
+            # CoreDNS pods serve DNS (nodes/dns.py), kube-router in the nodes NetworkPolicy (nodes/netpol.py).
+            argv += ["--no-dns", "--no-network-policy"]
+        else:
+            if not self.profile.data["network"]["enforceNetworkPolicy"]:
+                argv.append("--no-network-policy")
+            if self.profile.data["network"]["policyCutsOpenConnections"] is not False:  # null: the router's way
+                argv.append("--recheck-established")
         self.start_process("podnet", argv, env=_python_env())
         ready = self.podnet_dir / "controller.ready"
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
@@ -566,7 +565,8 @@ class EmbeddedPlatform:
             from clusters.embedded.nodes.layer import process_names
 
             gpus = "nvidia.com/gpu" in self.profile.node_shape
-            return ("podnet", *process_names(self.profile.node_count, gpus), "onboarding")
+            policies = self.profile.data["network"]["enforceNetworkPolicy"]
+            return ("podnet", *process_names(self.profile.node_count, gpus, policies), "onboarding")
         return NODE_LAYER_PROCESSES
 
     def rss_bytes(self) -> dict[str, int]:

@@ -140,7 +140,7 @@ SCHEMA: dict[str, Any] = {
         },
         "integrations": _integrations,
     },
-    "network": {"enforceNetworkPolicy": boolean, "policyCutsOpenConnections": boolean},
+    "network": {"enforceNetworkPolicy": boolean, "policyCutsOpenConnections": optional(boolean)},
     "kuberay": {
         "env": env_map,
         "featureGates": _gates,
@@ -150,6 +150,11 @@ SCHEMA: dict[str, Any] = {
 
 
 def _check_relations(data: dict[str, Any], source: str) -> None:
+    if data["nodes"]["runtime"] == "kubelet" and data["network"]["policyCutsOpenConnections"]:
+        raise ProfileError(
+            f"{source}: field network.policyCutsOpenConnections: kube-router, the NetworkPolicy engine of "
+            "nodes.runtime kubelet, keeps the connections conntrack knows (as Calico does); leave it null or "
+            "set false, or use nodes.runtime agent; got true")
     rs = data["kueue"]["waitForPodsReady"]["requeuingStrategy"]
     if rs["backoffMaxSeconds"] < rs["backoffBaseSeconds"]:
         raise ProfileError(

@@ -13,8 +13,8 @@ DEFAULT_TARGET_NAME = "default"
 # What the certificate says the cluster is, by the profile's nodes.runtime.
 KINDS = {
     "agent": "embedded platform (node agent in place of kubelet + container runtime)",
-    "kubelet": "embedded platform (real nodes: kubelet, containerd and runc; CoreDNS; NetworkPolicy by the pod "
-               "network's router)",
+    "kubelet": "embedded platform (real nodes: kubelet, containerd and runc; CoreDNS; NetworkPolicy by "
+               "kube-router in each node)",
 }
 # How much of an unhealthy platform process's log a failed test's evidence shows.
 LOG_TAIL_LINES = 40

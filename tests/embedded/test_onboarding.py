@@ -53,6 +53,9 @@ def test_the_policies_guard_heads_from_other_namespaces_and_admit_the_namespace_
     open_ports = {p["port"] for rule in head["ingress"] if any("namespaceSelector" in peer for peer in rule["from"])
                   for p in rule.get("ports", [None])}
     assert open_ports == {8265, 8080}, "other namespaces reach only the metrics port and (the operator) the dashboard"
+    blocks = {(peer["ipBlock"]["cidr"], p["port"]) for rule in head["ingress"] for peer in rule["from"]
+              if "ipBlock" in peer for p in rule["ports"]}
+    assert blocks == {("198.18.0.1/32", 8265)}, "the API server's service proxy (the operator's way in): the dashboard"
     assert workers["podSelector"] == {"matchLabels": {"ray.io/node-type": "worker"}}
     assert workers["ingress"][0] == {"from": [{"podSelector": {}}]}, "the design admits the whole namespace"
 

@@ -168,26 +168,6 @@ def test_invalid_policies_raise():
         _compile(_pol("p", {"podSelector": {"matchExpressions": [{"key": "a", "operator": "Gt"}]}}))
 
 
-def test_new_pods_ranges_drop_what_is_not_yet_a_known_pods_but_their_gateways():
-    from clusters.embedded.podnet.policy import PodRange
-
-    node = PodRange("198.18.201.0/24", "198.18.201.1")
-    known = Pod("default", "known", "198.18.201.5", {})
-    elsewhere = Pod("default", "agent-pod", "198.18.0.2", {})  # outside the ranges: never judged here
-    table = compile_policies([known, elsewhere, NOIP], NAMESPACES, [], isolate_new_pods=[node])
-    chains = {chain: _uncomment(rules) for chain, rules in table.chains.items()}
-    forward = chains["RAYPROOF-FORWARD"]
-    assert forward.index("-j RAYPROOF-UNKNOWN") < forward.index("-j RAYPROOF-EGRESS")
-    assert chains["RAYPROOF-UNKNOWN"] == ["-s 198.18.201.0/24 -j RAYPROOF-UNKNOWN-SRC",
-                                         "-d 198.18.201.0/24 -j RAYPROOF-UNKNOWN-DST"]
-    assert chains["RAYPROOF-UNKNOWN-SRC"] == ["-s 198.18.201.1/32 -j RETURN", "-s 198.18.201.5/32 -j RETURN", "-j DROP"]
-    assert chains["RAYPROOF-UNKNOWN-DST"] == ["-d 198.18.201.1/32 -j RETURN", "-d 198.18.201.5/32 -j RETURN", "-j DROP"]
-    assert "RAYPROOF-UNKNOWN" not in compile_policies([known], NAMESPACES, []).chains  # the node agent's network
-    with pytest.raises(ValueError, match="gateway"):
-        PodRange.parse("198.18.201.0/24=198.18.0.1")
-    assert PodRange.parse("198.18.201.0/24=198.18.201.1") == node
-
-
 def test_render_declares_wanted_chains_and_deletes_stale_ones():
     table = compile_policies([A, B], NAMESPACES, [])
     text = render(table, existing={"RAYPROOF-FORWARD", "RAYPROOF-I-OLD"})
@@ -523,37 +503,6 @@ def test_egress_policy_blocks(podnet, two_pods):
     assert connect(b, a.ip, 9).startswith("error: [Errno 111]"), "a's ingress is not isolated: b reaches it (refused)"
     # DNS lives in the router ("the node"), so an egress policy never cuts it off.
     assert _host.in_netns(a.netns, lambda: dns.query(DNS_IP, "x.default"))[0] == dns.NXDOMAIN
-
-
-def test_a_pod_the_controller_does_not_know_yet_gets_no_traffic_where_new_pods_are_isolated(tmp_path):
-    """Real nodes' CNI hands out addresses the controller learns late: until a pod is known, nothing
-    reaches it or leaves it, so its policies hold from its first packet; once known, it talks."""
-    from clusters.embedded.podnet.network import POD_CIDR, ROUTER_IP
-    from clusters.embedded.podnet.policy import PodRange
-
-    _require_root()
-    ctl = PodNetworkController(None, f"t{uuid.uuid4().hex[:8]}", state_dir=tmp_path / "podnet",
-                               isolate_new_pods=[PodRange(POD_CIDR, ROUTER_IP)])
-    ctl.start()
-    listeners: list[Listener] = []
-    try:
-        a, b = ctl.network.attach("default/a/uid-a"), ctl.network.attach("default/b/uid-b")
-        listeners = [Listener(a, 7000), Listener(b, 7000)]
-
-        def known(name: str, pod: PodAttachment) -> None:
-            ctl.state.apply("pods", "ADDED", {"metadata": {"namespace": "default", "name": name},
-                                              "status": {"podIP": pod.ip, "phase": "Running"}})
-            ctl.wait_synced()
-        known("b", b)  # a is attached (its CNI ran) but not yet in the API's pods
-        assert connect(a, b.ip, 7000) == "error: timed out", ctl.network.ruleset()["filter"]
-        assert connect(b, a.ip, 7000) == "error: timed out"
-        known("a", a)
-        assert connect(a, b.ip, 7000) == b.pod_key
-        assert connect(b, a.ip, 7000) == a.pod_key
-    finally:
-        for listener in listeners:
-            listener.close()
-        ctl.close()
 
 
 def test_cluster_proxy_reaches_pods_from_the_root_namespace(podnet, two_pods):

@@ -391,17 +391,25 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
     client.NetworkingV1Api(platform.api_client()).create_namespaced_network_policy(namespace, {
         "metadata": {"name": "deny-ingress", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"]}})
-    # The same-node neighbour too: its packets leave the node for the router, where policy is judged.
+    # The same-node neighbour too: its packets leave the node for the router and come back in, where
+    # kube-router of the server's node judges them.
     for pod in ("client", "neighbour"):
         blocked = wait_for(lambda p=pod: fetch(p), lambda r: r.returncode != 0, timeout=timeouts.CONTROLLER_RECONCILE,
                            description=f"the deny-ingress policy to cut {pod} off")
         assert "served-by-server" not in blocked.stdout
+    # kube-router's chains in the server's node did it; the router judges no policy.
+    node_rules = _host.iptables_save(NodeNet(platform.name, 1).netns, "filter")
+    assert "-j KUBE-ROUTER-FORWARD" in node_rules and "KUBE-POD-FW-" in node_rules, node_rules
+    router_rules = _host.iptables_save(NodeNet(platform.name, 1).router, "filter")
+    assert not [r for r in router_rules.splitlines() if r.startswith(("-A RAYPROOF-EGRESS", "-A RAYPROOF-INGRESS"))], \
+        router_rules
 
 
 def test_a_policy_holds_from_a_new_pods_first_packet(core: client.CoreV1Api, namespace: str) -> None:
     """As a real CNI isolates a pod before its containers start: a pod an egress policy cuts off cannot
-    connect even with the first thing its container does; a pod no policy selects, started alike, gets
-    through as soon as the pod network knows it."""
+    connect even with the first thing its container does (kube-router's default deny rejects a pod's
+    traffic until its chain is written); a pod no policy selects, started alike, gets through once its
+    chain is."""
     core.create_namespaced_pod(namespace, shell_pod(
         "origin", "mkdir -p /www && echo served > /www/index.html && httpd -f -p 8080 -h /www", node=1))
     server = wait_for(lambda: core.read_namespaced_pod("origin", namespace).status,

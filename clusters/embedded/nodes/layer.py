@@ -12,8 +12,9 @@ server in the router's, at the address it advertises to pods), and the
 StorageClasses' provisioner. Then per node containerd, its
 ``memory.oom.group`` on cgroup v1 (``oomgroup.py``), kubelet, kube-proxy
 and (when the profile's node shape has ``nvidia.com/gpu``) the fake GPU
-device plugin. Once the nodes are Ready the platform deploys cluster DNS on
-them (``dns.py``).
+device plugin. Once the nodes are Ready the platform starts each node's
+NetworkPolicy engine (``netpol.py``), then deploys cluster DNS on them
+(``dns.py``).
 Nodes pull their images, the sandbox image included, from the registry as
 any node does. ``down`` stops these programs like every platform process;
 then the cleanup registered per node kills what is left in its cgroup tree
@@ -44,11 +45,13 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
             for i in range(1, platform.profile.node_count + 1)]
 
 
-def process_names(count: int, gpus: bool) -> list[str]:
-    """The platform processes of a node layer of ``count`` nodes, in start order."""
+def process_names(count: int, gpus: bool, policies: bool) -> list[str]:
+    """The platform processes of a node layer of ``count`` nodes, in start order (each node's
+    NetworkPolicy engine, ``netpol.py``, once every node is Ready)."""
     kinds = ("containerd", "oom-group", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
     return ["registry", "slow-pull", "relay", "provisioner",
-            *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds)]
+            *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds),
+            *(f"kube-router-{i}" for i in range(1, count + 1) if policies)]
 
 
 def _wait_answering(port: int, what: str) -> str:

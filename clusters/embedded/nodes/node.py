@@ -17,7 +17,8 @@ Layout, all under the node's directory ``<run>/nodes/<name>/`` (``NodeDirs``):
   them, so it changes nothing on the machine (a real node would be changed).
 * The **cgroup tree** ``/rayproof-<platform>-<node>`` exists in every cgroup v1
   hierarchy: containerd (and the shims it starts) in ``runtime/``, kubelet in
-  ``kubelet/``, kube-proxy in ``kube-proxy/``, the GPU device plugin in ``plugins/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
+  ``kubelet/``, kube-proxy in ``kube-proxy/``, the NetworkPolicy engine in ``kube-router/``, the GPU
+  device plugin in ``plugins/``, the pods in ``kubepods/`` (kubelet's ``cgroupRoot``). Teardown
   kills every process in the tree, which stops the pods whatever state
   kubelet and containerd were left in.
 """
@@ -37,7 +38,7 @@ from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import PAUSE_IMAGE
 from clusters.embedded.nodes.relay import REGISTRY_PORT, SLOW_PULL_PORT
 from clusters.embedded.podnet.dns import DOMAIN
-from clusters.embedded.podnet.network import DNS_IP, POD_CIDR
+from clusters.embedded.podnet.network import DNS_IP, POD_CIDR, SERVICE_CIDR
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
@@ -285,7 +286,7 @@ state = "/run/containerd"
         return "\n".join(lines)
 
     def _make_cgroups(self) -> None:
-        for leaf in ("", "runtime", "kubelet", "kube-proxy", "plugins"):
+        for leaf in ("", "runtime", "kubelet", "kube-proxy", "kube-router", "plugins"):
             for path in self.cgroup_dirs(leaf):
                 path.mkdir(exist_ok=True)
                 if path.parent.name != "" and (path / "cpuset.cpus").exists():
@@ -319,6 +320,18 @@ state = "/run/containerd"
         """kube-proxy (iptables mode) in the node's namespaces: Services are DNATed in the node."""
         return self._in_node(containerd_pid, "kube-proxy",
                              str(self.bin_dir / "kube-proxy"), "--config", str(self.dir / "kube-proxy.yaml"))
+
+    def kube_router_argv(self, containerd_pid: int) -> list[str]:
+        """kube-router's firewall alone, the node's NetworkPolicy engine (``netpol.py``), in its namespaces."""
+        return self._in_node(containerd_pid, "kube-router",
+                             str(self.bin_dir / "kube-router"), "--kubeconfig", str(self.dir / "kube-router.kubeconfig"),
+                             "--hostname-override", self.name,
+                             "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+                             "--enable-cni=false", "--enable-ipv4=true", "--enable-ipv6=false",
+                             # a pod's traffic is rejected until its own chain is written
+                             "--netpol-default-deny=true",
+                             f"--service-cluster-ip-range={SERVICE_CIDR}",
+                             "--health-port=0", "--metrics-port=0")
 
     def gpu_plugin_argv(self, containerd_pid: int, count: int) -> list[str]:
         """The fake GPU device plugin (``gomod/kubernetes/fakegpu``), in the node's namespaces."""

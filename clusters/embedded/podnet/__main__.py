@@ -23,7 +23,6 @@ from pathlib import Path
 
 from clusters.embedded.podnet.controller import PodNetworkController
 from clusters.embedded.podnet.network import teardown
-from clusters.embedded.podnet.policy import PodRange
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--proxy-port", type=int, help="also serve the cluster proxy on 127.0.0.1:<port>")
     run.add_argument("--no-dns", action="store_true",
                      help="serve no cluster DNS (the real nodes run CoreDNS as pods behind the kube-dns Service)")
-    run.add_argument("--isolate-new-pods", metavar="CIDR=GATEWAY", action="append", default=[], type=PodRange.parse,
-                     help="a range a CNI hands new pods from (repeatable): its addresses not yet known as a pod's "
-                          "get no traffic, so a pod's policies hold from its first packet")
     down = sub.add_parser("teardown", help="remove the whole pod network")
     down.add_argument("--platform", required=True)
     down.add_argument("--state-dir", required=True, type=Path)
@@ -56,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ctl = PodNetworkController(args.kubeconfig, args.platform, state_dir=args.state_dir,
                                recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port,
-                               enforce_policies=not args.no_network_policy, serve_dns=not args.no_dns,
-                               isolate_new_pods=args.isolate_new_pods)
+                               enforce_policies=not args.no_network_policy, serve_dns=not args.no_dns)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -26,13 +26,13 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from clusters.embedded.podnet.dns import build_zone
 from clusters.embedded.podnet.model import Namespace, Pod, Service, endpoints_from_slices
 from clusters.embedded.podnet.network import POD_CIDR, ROUTER_IP, SERVICE_CIDR, PodNetwork
 from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compile_node_ports
-from clusters.embedded.podnet.policy import PodRange, PolicyError, compile_policies
+from clusters.embedded.podnet.policy import PolicyError, compile_policies
 from clusters.embedded.podnet.proxy import ClusterProxy
 from clusters.embedded.podnet.services import compile_services
 from rayproof.timeouts import PROCESS_EXIT, Tier
@@ -134,8 +134,7 @@ class PodNetworkController:
     def __init__(self, kubeconfig: str | Path | None, platform_name: str, *, state_dir: str | Path | None = None,
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
-                 enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True,
-                 isolate_new_pods: Sequence[PodRange] = ()):
+                 enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -151,7 +150,6 @@ class PodNetworkController:
         # accepted by the API server and silently not enforced.
         self.enforce_policies = enforce_policies
         # Where a CNI hands out addresses this controller learns late (the real nodes): see policy's "New pods".
-        self.isolate_new_pods = list(isolate_new_pods) if enforce_policies else []
         self.debounce_s = debounce_s
         self.applied_generation = -1
         self.last_error: BaseException | None = None
@@ -277,8 +275,7 @@ class PodNetworkController:
         if zone != self._last.get("zone") and self.network.dns is not None:
             self.network.dns.update(zone)
             self._last["zone"] = zone
-        filt = compile_policies(pods, namespaces, policies, recheck_established=self._recheck_established,
-                                isolate_new_pods=self.isolate_new_pods)
+        filt = compile_policies(pods, namespaces, policies, recheck_established=self._recheck_established)
         if filt.rules() != self._last.get("filter"):
             self.network.apply_table(filt)
             self._last["filter"] = filt.rules()

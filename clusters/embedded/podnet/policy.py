@@ -7,7 +7,6 @@ The compiled chains (all ``RAYPROOF-*``) are::
     FORWARD -> RAYPROOF-FORWARD
       conntrack ESTABLISHED/RELATED      -> ACCEPT   (see "Existing connections")
       conntrack INVALID                  -> DROP
-      -> RAYPROOF-UNKNOWN  (only with ``isolate_new_pods``: see "New pods")
       -> RAYPROOF-EGRESS   (-s <pod ip> -> RAYPROOF-E-<pod>, for each egress-isolated pod)
       -> RAYPROOF-INGRESS  (-d <pod ip> -> RAYPROOF-I-<pod>, for each ingress-isolated pod)
       (falls through: FORWARD's policy ACCEPT)
@@ -34,16 +33,12 @@ selected pod for ingress, each possible peer pod for egress.  Traffic the
 router itself sends or receives (DNS, node-originated) never crosses FORWARD,
 so it is always allowed, like "traffic from the pod's own node".
 
-New pods.  A pod's address reaches these rules only once kubelet has written
-it to the pod's status and this controller has compiled it, a second or more
-after the pod's containers started; until then no chain matches it and its
-packets pass, whatever the policies that select it. Real CNIs isolate a pod
-before its containers start. ``isolate_new_pods`` (the real nodes' pod ranges,
-each with its gateway) closes that gap: a packet from or to an address of
-those ranges that is not yet a known pod's (nor a gateway, kubelet's probes)
-is dropped (``RAYPROOF-UNKNOWN-SRC``/``-DST``), so a new pod has no network
-until its policies apply with it, and those that select nobody let it talk
-from then on.
+New pods.  A pod's address reaches these rules only once the node agent has
+written it to the pod's status and this controller has compiled it, a second
+or more after the pod's processes started; until then no chain matches it and
+its packets pass, whatever the policies that select it (real CNIs isolate a
+pod before its containers start; on the real nodes kube-router does, and this
+engine is off there: ``nodes/netpol.py``).
 
 Existing connections (REFERENCE §6: implementation defined).  Default
 (``recheck_established=False``): like Calico and Antrea, packets of a
@@ -68,7 +63,6 @@ from rayproof import selectors
 FORWARD = f"{PREFIX}FORWARD"
 INGRESS = f"{PREFIX}INGRESS"
 EGRESS = f"{PREFIX}EGRESS"
-UNKNOWN = f"{PREFIX}UNKNOWN"
 ALLOW_BIT = "0x10000/0x10000"
 
 HOOKS = (("filter", "FORWARD", f"-j {FORWARD}"),)
@@ -129,29 +123,11 @@ def _numeric_port_match(spec: _PortSpec, number: int | None = None) -> str:
     return f"-p {proto} -m {proto} --dport {rng}"
 
 
-@dataclass(frozen=True)
-class PodRange:
-    """Addresses a CNI hands to new pods (``cidr``), and the one of them that is no pod's (``gateway``)."""
-    cidr: str
-    gateway: str
-
-    @classmethod
-    def parse(cls, text: str) -> "PodRange":
-        """``CIDR=GATEWAY``, as ``podnet run --isolate-new-pods`` takes it."""
-        cidr, _, gateway = text.partition("=")
-        network = ipaddress.ip_network(cidr)
-        if ipaddress.ip_address(gateway) not in network:
-            raise ValueError(f"pod range {text!r}: the gateway must be an address of the range (CIDR=GATEWAY)")
-        return cls(str(network), gateway)
-
-
 class _Compiler:
-    def __init__(self, pods: Iterable[Pod], namespaces: Iterable[Namespace], recheck_established: bool,
-                 isolate_new_pods: Sequence[PodRange] = ()):
+    def __init__(self, pods: Iterable[Pod], namespaces: Iterable[Namespace], recheck_established: bool):
         self.pods = sorted((p for p in pods if p.ip), key=lambda p: (p.namespace, p.name))
         self.ns_labels = {ns.name: ns.labels for ns in namespaces}
         self.recheck = recheck_established
-        self.new_pod_ranges = list(isolate_new_pods)
         self.table = Table("filter")
 
     def ns_labels_of(self, name: str) -> Mapping[str, str]:
@@ -182,9 +158,6 @@ class _Compiler:
         else:
             t.add(FORWARD, "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
         t.add(FORWARD, "-m conntrack --ctstate INVALID -j DROP")
-        if self.new_pod_ranges:
-            self.compile_unknown()
-            t.add(FORWARD, f"-j {UNKNOWN}")
         t.add(FORWARD, f"-j {EGRESS}")
         t.add(FORWARD, f"-j {INGRESS}")
 
@@ -218,23 +191,6 @@ class _Compiler:
                 self.compile_rule(chain, pod, ingress, f"{label} {direction.lower()}[{n}]", policy_ns, rule)
             t.add(chain, f"{comment(where + ' default deny ' + direction.lower())} -j DROP")
         return t
-
-    def compile_unknown(self) -> None:
-        """Drop what comes from or goes to an address of the new pods' ranges that is no known pod's
-        (see "New pods"): per direction a chain that returns for known pods and gateways."""
-        t = self.table
-        t.chain(UNKNOWN)
-        ranges = [ipaddress.ip_network(r.cidr) for r in self.new_pod_ranges]
-        known = [p for p in self.pods if any(ipaddress.ip_address(p.ip) in net for net in ranges)]
-        for flag, suffix in (("-s", "SRC"), ("-d", "DST")):
-            chain = f"{UNKNOWN}-{suffix}"
-            t.chain(chain)
-            for r in self.new_pod_ranges:
-                t.add(UNKNOWN, f"{flag} {r.cidr} -j {chain}")
-                t.add(chain, f"{flag} {r.gateway}/32 {comment('gateway ' + r.cidr)} -j RETURN")
-            for pod in known:
-                t.add(chain, f"{flag} {pod.ip}/32 {comment(pod.namespace + '/' + pod.name)} -j RETURN")
-            t.add(chain, f"{comment('not yet a known pod')} -j DROP")
 
     def compile_rule(self, chain: str, target: Pod, ingress: bool, label: str, policy_ns: str,
                      rule: Mapping[str, Any]) -> None:
@@ -309,11 +265,10 @@ def _in(ip: str | None, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> b
 
 
 def compile_policies(pods: Iterable[Pod], namespaces: Iterable[Namespace], policies: Sequence[Mapping[str, Any]], *,
-                     recheck_established: bool = False, isolate_new_pods: Sequence[PodRange] = ()) -> Table:
-    """The filter table's ``RAYPROOF-*`` chains enforcing ``policies`` (API-shaped dicts) on ``pods``
-    (and with ``isolate_new_pods``, isolating the addresses of those ranges not yet known as pods').
+                     recheck_established: bool = False) -> Table:
+    """The filter table's ``RAYPROOF-*`` chains enforcing ``policies`` (API-shaped dicts) on ``pods``.
 
     Pure: no namespace or iptables is touched, so the rules can be checked
     from literals.  Pods without an IP are left out (nothing to match).
     """
-    return _Compiler(pods, namespaces, recheck_established, isolate_new_pods).compile(policies)
+    return _Compiler(pods, namespaces, recheck_established).compile(policies)
