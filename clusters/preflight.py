@@ -237,7 +237,9 @@ def workers_that_fit(api: Any, profile: Any, beside: Mapping[str, str] | None = 
     from kubernetes import client
     from kubernetes.utils import parse_quantity
 
-    per_worker = {"pods": 1, **{r: parse_quantity(q) for r, q in profile.worker_requests.items() if parse_quantity(q) > 0}}
+    # A worker is one pod, and what it requests.
+    requests = {r: parse_quantity(q) for r, q in profile.worker_requests.items()}
+    per_worker = {"pods": 1, **{r: amount for r, amount in requests.items() if amount > 0}}
     reserved = {r: parse_quantity(q) for r, q in (beside or {}).items()}
     tolerations = profile.worker_tolerations
     workers = 0
@@ -246,7 +248,7 @@ def workers_that_fit(api: Any, profile: Any, beside: Mapping[str, str] | None = 
         repelled = [t for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")
                     and not any(_tolerates(tol, t) for tol in tolerations)]
         if ready and not node.spec.unschedulable and not repelled:
-            allocatable = node.status.allocatable or {}
+            allocatable = {"pods": "110", **(node.status.allocatable or {})}  # kubelet's maxPods if unsaid
             workers += max(0, min(int((parse_quantity(allocatable.get(r, "0")) - reserved.get(r, 0)) // amount)
                                   for r, amount in per_worker.items()))
     return workers
