@@ -44,7 +44,7 @@ from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import COREDNS_IMAGE, busybox_version
 from clusters.embedded.platform import EmbeddedPlatform
 from clusters.embedded.pki import FIRST_SERVICE_IP
-from clusters.embedded.podnet import DNS_IP, _host
+from clusters.embedded.podnet import DNS_IP, ROUTER_IP, _host
 from chaos import straggler
 from fixtures.sharing import host_slot
 from rayproof import profile as profile_mod, timeouts
@@ -403,6 +403,38 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
     router_rules = _host.iptables_save(NodeNet(platform.name, 1).router, "filter")
     assert not [r for r in router_rules.splitlines() if r.startswith(("-A RAYPROOF-EGRESS", "-A RAYPROOF-INGRESS"))], \
         router_rules
+
+
+def test_the_api_servers_proxy_into_a_pod_is_traffic_its_policies_judge(
+        platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
+    """The API server's service proxy, KubeRay's way to Ray dashboards here, enters the pod network
+    from the API server's address there, and the pod's NetworkPolicies judge it as on a real cluster
+    (issue 14: on the node agent it came from the router itself and no policy saw it)."""
+    core.create_namespaced_pod(namespace, shell_pod(
+        "web", "mkdir -p /www && echo proxied > /www/index.html && httpd -f -p 8080 -h /www", labels={"app": "web"}))
+    wait_for(lambda: core.read_namespaced_pod("web", namespace).status.phase, lambda ph: ph == "Running",
+             timeout=timeouts.POD_START, description="pod web Running")
+
+    def via_proxy() -> subprocess.CompletedProcess[str]:
+        return kubectl(platform, "get", "--raw", f"/api/v1/namespaces/{namespace}/pods/web:8080/proxy/",
+                       check=False)
+    wait_for(via_proxy, lambda r: "proxied" in r.stdout, timeout=timeouts.CONTAINER_TRANSITION,
+             description="the API server's proxy to fetch pod web's page")
+    policies = client.NetworkingV1Api(platform.api_client())
+    policies.create_namespaced_network_policy(namespace, {
+        "metadata": {"name": "web-same-namespace", "labels": LABELS},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {}}]}]}})
+    cut = wait_for(via_proxy, lambda r: r.returncode != 0, timeout=timeouts.CONTROLLER_RECONCILE,
+                   description="a policy admitting only the namespace's pods to cut the API server's proxy off")
+    assert "proxied" not in cut.stdout, cut.stdout
+    policies.create_namespaced_network_policy(namespace, {
+        "metadata": {"name": "web-api-server", "labels": LABELS},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"ipBlock": {"cidr": f"{ROUTER_IP}/32"}}],
+                              "ports": [{"protocol": "TCP", "port": 8080}]}]}})
+    wait_for(via_proxy, lambda r: "proxied" in r.stdout, timeout=timeouts.CONTROLLER_RECONCILE,
+             description=f"a policy admitting the API server's address {ROUTER_IP} to let its proxy in again")
 
 
 def test_a_policy_holds_from_a_new_pods_first_packet(core: client.CoreV1Api, namespace: str) -> None:
