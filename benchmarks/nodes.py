@@ -68,8 +68,10 @@ def node_layer(runtime: str, names: Iterable[str]) -> list[str]:
     """Which of the platform's processes are its node layer, for ``runtime``."""
     if runtime == "agent":
         return [n for n in NODE_LAYER if n in names]
+    from clusters.embedded.nodes.layer import PER_NODE_KINDS, POLICY_ENGINE_KIND
+
     return [n for n in names if n in ("podnet", "relay", "registry")
-            or n.startswith(("containerd-", "oom-group-", "kubelet-", "kube-proxy-", "kube-router-", "fakegpu-"))]
+            or n.rsplit("-", 1)[0] in (*PER_NODE_KINDS, POLICY_ENGINE_KIND)]
 
 
 def _tree_sum(pids: dict[str, int], measure: Callable[[psutil.Process], float]) -> dict[str, float]:

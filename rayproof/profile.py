@@ -256,11 +256,6 @@ class CertificationProfile:
         """The image of the golden RayJob's head: the platform's Ray image (probe pods run it too)."""
         return str(self.cluster_spec("rayJob")["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
 
-    def _worker_amount(self, resource: str) -> str:
-        resources = self._worker().get("resources") or {}
-        return str((resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
-                   or 0)
-
     @property
     def worker_requests(self) -> dict[str, str]:
         """What a worker pod of the golden RayJob requests, by resource (quantities)."""
@@ -289,12 +284,7 @@ class CertificationProfile:
     @property
     def worker_gpus(self) -> int:
         """nvidia.com/gpu of a worker pod of the golden RayJob (0: a CPU-only platform)."""
-        return int(self._worker_amount("nvidia.com/gpu"))
-
-    @property
-    def worker_cpu(self) -> str:
-        """The CPU a worker pod of the golden RayJob asks for (a quantity)."""
-        return self._worker_amount("cpu")
+        return int(self.worker_requests.get("nvidia.com/gpu", "0"))
 
     @property
     def wait_for_pods_ready_s(self) -> float | None:

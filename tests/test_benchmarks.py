@@ -258,9 +258,9 @@ def test_the_nodes_bench_sets_each_runtimes_node_layer_side_by_side():
     from benchmarks.nodes import node_layer, side_by_side
 
     names = ["etcd", "kube-apiserver", "podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
-             "kubelet-2", "onboarding", "kueue"]
+             "kubelet-2", "kube-router-1", "onboarding", "kueue"]
     assert node_layer("kubelet", names) == ["podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
-                                            "kubelet-2"]
+                                            "kubelet-2", "kube-router-1"]
     assert node_layer("agent", ["nodeagent", "podnet", "kueue"]) == ["nodeagent", "podnet"]
     table = side_by_side({"agent": {"runs": [{"up_s": 20.0}, {"up_s": 22.0}, {"up_s": 19.0}]},
                           "kubelet": {"runs": [{"up_s": 25.0, "down_s": 9.0}]}})

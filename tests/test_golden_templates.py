@@ -32,7 +32,7 @@ def test_default_templates_are_the_reference_platforms() -> None:
     assert {k: Path(v) for k, v in p["templates"].items()} == {
         "rayJob": GOLDEN / "rayjob.yaml", "rayCluster": GOLDEN / "raycluster.yaml",
         "rayService": GOLDEN / "rayservice.yaml"}
-    assert p.worker_gpus == 8 and p.worker_cpu == "1"
+    assert p.worker_gpus == 8 and p.worker_requests["cpu"] == "1"
     assert {k: v["file"] for k, v in p.template_digests().items()} == p["templates"]
 
 

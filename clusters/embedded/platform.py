@@ -236,7 +236,7 @@ class EmbeddedPlatform:
         if self.profile.node_runtime == "kubelet":
             from clusters.embedded.nodes import dns, layer, netpol, prepull
 
-            if self.profile.data["network"]["enforceNetworkPolicy"]:  # before any pod of the platform's own
+            if self.profile.enforces_network_policy:  # before any pod of the platform's own
                 netpol.start(self, layer.nodes_of(self), self.progress)
             dns.deploy(self.api_client(), self.progress)
             prepull.deploy(self.api_client(), self.profile.prepull_images, want, self.progress)
@@ -267,7 +267,7 @@ class EmbeddedPlatform:
             # CoreDNS pods serve DNS (nodes/dns.py), kube-router in the nodes NetworkPolicy (nodes/netpol.py).
             argv += ["--no-dns", "--no-network-policy"]
         else:
-            if not self.profile.data["network"]["enforceNetworkPolicy"]:
+            if not self.profile.enforces_network_policy:
                 argv.append("--no-network-policy")
             if self.profile.data["network"]["policyCutsOpenConnections"] is not False:  # null: the router's way
                 argv.append("--recheck-established")
@@ -565,8 +565,8 @@ class EmbeddedPlatform:
             from clusters.embedded.nodes.layer import process_names
 
             gpus = "nvidia.com/gpu" in self.profile.node_shape
-            policies = self.profile.data["network"]["enforceNetworkPolicy"]
-            return ("podnet", *process_names(self.profile.node_count, gpus, policies), "onboarding")
+            return ("podnet", *process_names(self.profile.node_count, gpus, self.profile.enforces_network_policy),
+                    "onboarding")
         return NODE_LAYER_PROCESSES
 
     def rss_bytes(self) -> dict[str, int]:

@@ -64,6 +64,11 @@ class Profile:
         return {k: str(v) for k, v in self.data["nodes"]["shape"].items() if str(v) != "0"}
 
     @property
+    def enforces_network_policy(self) -> bool:
+        """NetworkPolicy has an engine (the router's on the node agent, kube-router's on real nodes)."""
+        return bool(self.data["network"]["enforceNetworkPolicy"])
+
+    @property
     def control_plane(self) -> Mapping[str, Any]:
         return self.data["controlPlane"]
 

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from clusters.embedded.platform import EmbeddedPlatform
 
 NAME_PREFIX = "rayproof-node"
+# The programs each node runs, in start order, as its platform processes are
+# named (``<kind>-<index>``); its NetworkPolicy engine starts once every node is Ready.
+PER_NODE_KINDS = ("containerd", "oom-group", "kubelet", "kube-proxy", "fakegpu")
+POLICY_ENGINE_KIND = "kube-router"
 
 
 def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
@@ -48,10 +52,10 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
 def process_names(count: int, gpus: bool, policies: bool) -> list[str]:
     """The platform processes of a node layer of ``count`` nodes, in start order (each node's
     NetworkPolicy engine, ``netpol.py``, once every node is Ready)."""
-    kinds = ("containerd", "oom-group", "kubelet", "kube-proxy", *(("fakegpu",) if gpus else ()))
+    kinds = [kind for kind in PER_NODE_KINDS if kind != "fakegpu" or gpus]
     return ["registry", "slow-pull", "relay", "provisioner",
             *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds),
-            *(f"kube-router-{i}" for i in range(1, count + 1) if policies)]
+            *(f"{POLICY_ENGINE_KIND}-{i}" for i in range(1, count + 1) if policies)]
 
 
 def _wait_answering(port: int, what: str) -> str:

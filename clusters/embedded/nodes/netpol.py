@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import yaml
 
+from clusters.embedded.nodes.layer import POLICY_ENGINE_KIND
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs
 from clusters.embedded.podnet import _host
 from rayproof import timeouts
@@ -92,7 +93,7 @@ def start(platform: "EmbeddedPlatform", nodes: Sequence[Node], progress: Callabl
         if containerd is None:
             raise RuntimeError(f"containerd of {node.name} is not recorded; the node layer did not start")
         argv = node.kube_router_argv(containerd.pid)
-        rec = platform.start_process(f"kube-router-{node.index}", argv, env=env_for("kube-router"),
+        rec = platform.start_process(f"{POLICY_ENGINE_KIND}-{node.index}", argv, env=env_for(POLICY_ENGINE_KIND),
                                      exec_argvs=in_node_exec_argvs(argv))
         wait_for(lambda: in_force(node), lambda missing: not missing, timeout=timeouts.OPERATORS_START,
                  description=f"kube-router's firewall in force in {node.name} (log {rec.log})")
