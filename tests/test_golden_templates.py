@@ -154,3 +154,42 @@ def test_the_suites_gcs_redis_requires_the_templates_password_and_admits_only_ra
     finally:
         server.terminate()
         server.wait(timeout=timeouts.PROCESS_EXIT.seconds)
+
+
+def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_answers() -> None:
+    """The reference RayJob's submitter has a liveness probe on the dashboard
+    KubeRay points it at (RAY_DASHBOARD_ADDRESS): run here as the kubelet
+    would run it, it passes against an HTTP server answering /api/version and
+    fails, within its timeout, once nothing listens there (a head that is gone)."""
+    import http.server
+    import threading
+
+    job = profile_mod.load().templates["rayJob"]["spec"]
+    pod = job["submitterPodTemplate"]["spec"]
+    probe = pod["containers"][0]["livenessProbe"]
+    assert pod["restartPolicy"] == "Never" and job["submitterConfig"]["backoffLimit"] == 0
+    # A minute without the dashboard ends the submitter, well inside a training clause's wait.
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= 60 < timeouts.TRAINING_RUN.seconds
+
+    class Dashboard(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the handler's name)
+            self.send_response(200 if self.path == "/api/version" else 404)
+            self.end_headers()
+            self.wfile.write(b'{"ray_version": "2.60.0"}')
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Dashboard)
+    address = f"127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def probe_exit() -> int:
+        return subprocess.run(probe["exec"]["command"], env={"PATH": "/usr/bin:/bin", "RAY_DASHBOARD_ADDRESS": address},
+                              capture_output=True, timeout=probe["timeoutSeconds"]).returncode
+    try:
+        assert probe_exit() == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert probe_exit() != 0
