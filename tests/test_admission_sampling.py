@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
+import pytest
+
 from conformance.admission.sampling import Sampler, condition_t, gang_violations, holds_resources
 
 CLUSTER_UID, JOB_UID = "uid-raycluster", "uid-submitter-job"
@@ -78,6 +80,35 @@ def test_pods_of_a_released_gang_are_not_held_without_quota(monkeypatch) -> None
     assert held["jobs"]["job"]["pods"] == 3 and held["jobs"]["job"]["submitter"] == 1
     assert gang_violations([held], gangs, quota_gpus=0) == [
         "t=0.0s job: 3 gang pods and 1 submitter without quota reserved"]
+
+
+class EvictedBetweenReads(FakeLab):
+    """Kueue evicts the RayJob while the sampler reads: the RayJob is still
+    unsuspended when first read, the Workload read next has its quota
+    released, and a RayJob read after it is suspended (ADM-1 once failed on
+    this moment, at the 240 s waitForPodsReady timeout, on real nodes)."""
+
+    def __init__(self, evicted: bool):
+        super().__init__(owners_alive=False)
+        self.evicted, self.reads = evicted, 0
+
+    def ray(self, ns, plural, name):
+        self.reads += 1
+        suspended = self.evicted and self.reads > 1
+        return {"spec": {"suspend": suspended}, "status": {"jobDeploymentStatus": "Running"}}
+
+
+@pytest.mark.parametrize("evicted", [True, False])
+def test_an_eviction_between_two_reads_is_not_a_job_running_without_quota(monkeypatch, evicted: bool) -> None:
+    from kubernetes import client
+
+    monkeypatch.setattr(client, "BatchV1Api", lambda api: NS(list_namespaced_job=lambda ns: NS(items=[])))
+    gangs = {"job": {"pods": 3, "gpus": 0, "podsets": {"head": 1, "workers": 2}}}
+    sample = Sampler(EvictedBetweenReads(evicted), {"job": "ns"}, "cq").sample()
+    assert sample["jobs"]["job"]["suspend"] is evicted
+    # Unsuspended at both reads, with no quota between them, is what the clause must catch.
+    assert gang_violations([sample], gangs, quota_gpus=0) == (
+        [] if evicted else ["t=0.0s job: RayJob not suspended without quota reserved"])
 
 
 def _sample(t: float, wall: float, **conditions: str) -> dict:

@@ -107,6 +107,11 @@ def cluster_queue_usage(lab: Any, name: str) -> dict[str, Any]:
             "pending": status.get("pendingWorkloads", 0), "reserved_gpus": int(gpus)}
 
 
+def suspended_in(rayjob: dict[str, Any] | None) -> bool:
+    """Whether a RayJob read (None: not found) has ``spec.suspend``."""
+    return bool(rayjob and rayjob["spec"].get("suspend"))
+
+
 class Sampler:
     """Samples the RayJobs ``jobs`` ({name: namespace}) and ClusterQueue ``cq``.
 
@@ -128,19 +133,25 @@ class Sampler:
 
     def sample(self) -> dict[str, Any]:
         namespaces = sorted(set(self.jobs.values()))
-        # Read in the order Kueue undoes things: a RayJob is unsuspended and
-        # its pods made only after its quota is reserved, and quota is released
-        # only after the job is suspended and its pods are gone. Reading the
-        # RayJobs and pods first and the Workloads after means an admission
-        # between two reads cannot show "unsuspended without quota" (seen on a
-        # loaded machine when the Workloads were read first).
+        # The reads are not one snapshot, so they bracket the Workloads with
+        # the RayJobs. Kueue reserves quota before it unsuspends a RayJob, and
+        # suspends it before it releases the quota. A RayJob read before the
+        # Workloads cannot show an admission that happened between the two as
+        # "unsuspended without quota" (seen on a loaded machine when the
+        # Workloads were read first); one read after them cannot show an
+        # eviction so (seen when the RayJob read first was still unsuspended
+        # and the Workload read next had its quota released). So a RayJob
+        # counts as suspended when either read says so.
         rayjobs = {name: self._rayjob(ns, name) for name, ns in self.jobs.items()}
         pods = {ns: self.lab.pods(ns) for ns in namespaces}
         owners = set().union(*(self._live_owners(ns) for ns in namespaces)) if namespaces else set()
         workloads = {ns: self.lab.workloads(ns) for ns in namespaces}
+        suspended = {name: suspended_in(job) or suspended_in(self._rayjob(self.jobs[name], name))
+                     for name, job in rayjobs.items() if job is not None}
         usage = cluster_queue_usage(self.lab, self.cq)
         at = round(time.monotonic() - self.began, 1)
-        jobs = {name: self._job(name, rayjobs[name], workload_of(workloads[ns], name), pods[ns], owners)
+        jobs = {name: self._job(name, rayjobs[name], suspended[name], workload_of(workloads[ns], name), pods[ns],
+                                owners)
                 for name, ns in self.jobs.items() if rayjobs[name] is not None}
         if self.logs:
             self._read_logs(pods)
@@ -174,7 +185,7 @@ class Sampler:
                 if len(text) >= len(self.driver_logs.get(name, "")):
                     self.driver_logs[name] = text
 
-    def _job(self, name: str, rayjob: dict[str, Any], wl: dict[str, Any] | None, pods: list[Any],
+    def _job(self, name: str, rayjob: dict[str, Any], suspended: bool, wl: dict[str, Any] | None, pods: list[Any],
              owners: set[str]) -> dict[str, Any]:
         status = rayjob.get("status") or {}
         mine = [p for p in pods if (p.metadata.labels or {}).get("ray.io/cluster", "").startswith(f"{name}-")]
@@ -188,7 +199,7 @@ class Sampler:
                 seen["ready"] = ready_since(p)
         submitters = [p for p in pods if (p.metadata.labels or {}).get("job-name") == name and holds_resources(p, owners)]
         return {
-            "suspend": bool(rayjob["spec"].get("suspend")),
+            "suspend": suspended,
             "deploy": status.get("jobDeploymentStatus"),
             "job": status.get("jobStatus"),
             "quota": true(wl, "QuotaReserved"),
