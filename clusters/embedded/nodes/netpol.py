@@ -16,6 +16,11 @@ written, so a new pod is isolated from its first packet. kube-router reads the
 node's pod range for it from ``spec.podCIDRs``, which the platform sets at
 registration to the range the node's CNI hands out (what
 kube-controller-manager's ``--allocate-node-cidrs`` does on other clusters).
+The same rule rejects what a force-deleted pod still sends: kube-router
+forgets the pod when it leaves the API, before kubelet has killed it, so its
+peers never see its connections close (two busybox pods showed it, README).
+A platform on this engine has to survive that; the reference platform's
+golden RayJob does, by a liveness probe on its submitter (TRN-2).
 
 Connections conntrack already knows keep flowing after a new policy:
 kube-router accepts ESTABLISHED traffic first, as Calico and Antrea do
