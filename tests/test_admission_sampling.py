@@ -85,7 +85,7 @@ def test_pods_of_a_released_gang_are_not_held_without_quota(monkeypatch) -> None
 class EvictedBetweenReads(FakeLab):
     """Kueue evicts the RayJob while the sampler reads: the RayJob is still
     unsuspended when first read, the Workload read next has its quota
-    released, and a RayJob read after it is suspended (ADM-1 once failed on
+    released, and a RayJob read after it is suspended (ADM-2 once failed on
     this moment, at the 240 s waitForPodsReady timeout, on real nodes)."""
 
     def __init__(self, evicted: bool):
