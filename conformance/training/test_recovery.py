@@ -93,8 +93,7 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     assert restored, "the restarted worker group did not restore a checkpoint (it started from step 0)"
     # The deletion is not the instant the worker stops (newest_checkpoint_begun):
     # a checkpoint begun before the restart counts, also one committed (Ray
-    # Train registered it) before the lead could say so; the latest one saved
-    # before the deletion is the least expected.
+    # Train registered it) before the lead could say so.
     # Ray Train V2 registers a reported checkpoint only when its controller
     # next polls the workers, so one saved within CHECKPOINT_SETTLE_S of the
     # deletion may be lost with the group; the one settled before it may not
