@@ -156,11 +156,13 @@ def test_the_suites_gcs_redis_requires_the_templates_password_and_admits_only_ra
         server.wait(timeout=timeouts.PROCESS_EXIT.seconds)
 
 
-def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_answers() -> None:
+def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_knows_its_job() -> None:
     """The reference RayJob's submitter has a liveness probe on the dashboard
-    KubeRay points it at (RAY_DASHBOARD_ADDRESS): run here as the kubelet
-    would run it, it passes against an HTTP server answering /api/version and
-    fails, within its timeout, once nothing listens there (a head that is gone)."""
+    KubeRay points it at (RAY_DASHBOARD_ADDRESS) asking for its job
+    (RAY_JOB_SUBMISSION_ID): run here as the kubelet would run it, it passes
+    against an HTTP server that knows the job, and fails within its timeout
+    against one that does not (a head recreated in place) and once nothing
+    listens there (a head that is gone)."""
     import http.server
     import threading
 
@@ -168,14 +170,15 @@ def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_answer
     pod = job["submitterPodTemplate"]["spec"]
     probe = pod["containers"][0]["livenessProbe"]
     assert pod["restartPolicy"] == "Never" and job["submitterConfig"]["backoffLimit"] == 0
-    # A minute without the dashboard ends the submitter, well inside a training clause's wait.
+    # A minute without the job ends the submitter, well inside a training clause's wait.
     assert probe["periodSeconds"] * probe["failureThreshold"] <= 60 < timeouts.TRAINING_RUN.seconds
+    known = "rayjob-training-x7k2p"
 
     class Dashboard(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the handler's name)
-            self.send_response(200 if self.path == "/api/version" else 404)
+            self.send_response(200 if self.path == f"/api/jobs/{known}" else 404)
             self.end_headers()
-            self.wfile.write(b'{"ray_version": "2.60.0"}')
+            self.wfile.write(b'{"status": "RUNNING"}')
 
         def log_message(self, *args) -> None:
             pass
@@ -184,12 +187,14 @@ def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_answer
     address = f"127.0.0.1:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    def probe_exit() -> int:
-        return subprocess.run(probe["exec"]["command"], env={"PATH": "/usr/bin:/bin", "RAY_DASHBOARD_ADDRESS": address},
-                              capture_output=True, timeout=probe["timeoutSeconds"]).returncode
+    def probe_exit(submission_id: str) -> int:
+        env = {"PATH": "/usr/bin:/bin", "RAY_DASHBOARD_ADDRESS": address, "RAY_JOB_SUBMISSION_ID": submission_id}
+        return subprocess.run(probe["exec"]["command"], env=env, capture_output=True,
+                              timeout=probe["timeoutSeconds"]).returncode
     try:
-        assert probe_exit() == 0
+        assert probe_exit(known) == 0
+        assert probe_exit("rayjob-training-other") != 0
     finally:
         server.shutdown()
         server.server_close()
-    assert probe_exit() != 0
+    assert probe_exit(known) != 0
