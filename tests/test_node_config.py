@@ -110,6 +110,11 @@ def test_the_pre_puller_runs_each_image_as_an_init_container_on_every_node() -> 
     assert [c["image"] for c in spec["containers"]] == [PAUSE_IMAGE]
     assert spec["tolerations"] == [{"operator": "Exists"}], "every node, tainted or not"
     assert load_profile({"nodes": {"prepullImages": []}}).prepull_images == []
+    # A 2-CPU node keeps its two CPUs for a 1-CPU head and a 1-CPU worker
+    # (a request, even 1m, would keep the worker off it).
+    from kubernetes.utils import parse_quantity
+    for container in spec["initContainers"] + spec["containers"]:
+        assert parse_quantity(container["resources"]["requests"]["cpu"]) == 0, container["name"]
 
 
 @pytest.mark.parametrize("value", ["rayproject/ray:2.60.0", ["a", "a"], ["bad image"], [7]])

@@ -8,7 +8,9 @@ the pod; kubelet pulls every image onto every node before the pod is Ready,
 and ``up`` waits for that. A team's first Ray pod on a node then starts from
 a warm image, and a straggler (ADM-3) is late by its own slow pull, not by a
 cold 6.5 GB pull beside it. The DaemonSet stays, so a node that joins later
-is warmed too; its pods request almost nothing.
+is warmed too; its pods request no CPU: a node keeps its whole CPU for the
+teams' pods (one millicore was enough to keep a 1-CPU Ray worker off a
+2-CPU node that held a 1-CPU head, and UPG-1's gang from every node).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from rayproof.waiting import wait_for
 
 NAMESPACE = "kube-system"
 NAME = "image-prepuller"
-_TINY = {"requests": {"cpu": "1m", "memory": "8Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
+_TINY = {"requests": {"cpu": "0", "memory": "8Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
 
 
 def daemonset(images: Sequence[str]) -> dict[str, Any]:
