@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.server
 import json
 import socket
-import threading
 from types import SimpleNamespace
 from typing import Iterator
 
@@ -17,6 +16,7 @@ from kubernetes import client as k
 
 from fixtures import exposure
 from fixtures.exposure import EXPOSURE_PROBE, exposed_endpoints, probe_endpoints
+from tests.loopback_http import serving
 
 
 class FakeApi:
@@ -152,16 +152,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def http_server() -> Iterator[http.server.ThreadingHTTPServer]:
     """Function scope; a loopback HTTP server answering /api/version like Ray's Jobs API; shut down after."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.status = 200  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_Handler) as server:
+        server.status = 200  # type: ignore[attr-defined]
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def _closed_port() -> int:

@@ -2,6 +2,7 @@
 filling them in sets only what a team sets (no cluster needed)."""
 from __future__ import annotations
 
+import http.server
 import re
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import yaml
 from fixtures import golden, manifests as mf
 from rayproof import kueue, profile as profile_mod, timeouts
 from rayproof.waiting import wait_for
+from tests.loopback_http import serving
 
 GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"
 
@@ -163,9 +165,6 @@ def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_knows_
     against an HTTP server that knows the job, and fails within its timeout
     against one that does not (a head recreated in place) and once nothing
     listens there (a head that is gone)."""
-    import http.server
-    import threading
-
     job = profile_mod.load().templates["rayJob"]["spec"]
     pod = job["submitterPodTemplate"]["spec"]
     probe = pod["containers"][0]["livenessProbe"]
@@ -183,18 +182,12 @@ def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_knows_
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Dashboard)
-    address = f"127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    def probe_exit(submission_id: str) -> int:
+    def probe_exit(address: str, submission_id: str) -> int:
         env = {"PATH": "/usr/bin:/bin", "RAY_DASHBOARD_ADDRESS": address, "RAY_JOB_SUBMISSION_ID": submission_id}
         return subprocess.run(probe["exec"]["command"], env=env, capture_output=True,
                               timeout=probe["timeoutSeconds"]).returncode
-    try:
-        assert probe_exit(known) == 0
-        assert probe_exit("rayjob-training-other") != 0
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert probe_exit(known) != 0
+    with serving(Dashboard) as server:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        assert probe_exit(address, known) == 0
+        assert probe_exit(address, "rayjob-training-other") != 0
+    assert probe_exit(address, known) != 0

@@ -5,11 +5,12 @@ import json
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
+from tests.loopback_http import serving
 from workloads import load_gen
 
 
@@ -31,12 +32,8 @@ class FlakyHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     """Function scope; an HTTP server on 127.0.0.1, shut down at teardown."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/"
-    srv.shutdown()
-    srv.server_close()
+    with serving(FlakyHandler) as srv:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/"
     FlakyHandler.failing.clear()
 
 
