@@ -42,9 +42,10 @@ def fake_pytest(target: FakeTarget, upgrade_outcome: str, failing_after: str | N
         target.argvs.append(args)
         results = Path(next(a for a in args if a.startswith("--rayproof-results=")).split("=", 1)[1])
         upgrading = "--upgrade-to" in args
+        selected = args[len(args) - 1 - args[::-1].index("-k") + 1] if "-k" in args else ""
         rows = []
         for cid in catalogue():
-            if upgrading and cid != cli.UPGRADE_CLAUSE:
+            if selected not in cid:
                 continue
             outcome = "passed"
             if cid == cli.UPGRADE_CLAUSE:
@@ -72,10 +73,11 @@ def upgrade_run(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "runner_rows", lambda: {"runner": "test"})
     monkeypatch.setattr(build, "kuberay_upgrade_versions", lambda: ["v1.6.0"])
 
-    def run(upgrade_outcome: str = "passed", failing_after: str | None = None) -> tuple[int, Path]:
+    def run(upgrade_outcome: str = "passed", failing_after: str | None = None,
+            options: tuple[str, ...] = ()) -> tuple[int, Path]:
         monkeypatch.setattr(cli, "_pytest", fake_pytest(target, upgrade_outcome, failing_after))
         out = tmp_path / "out"
-        return cli.main(["certify", "--upgrade-to", "v1.6.0", "--out", str(out)]), out
+        return cli.main(["certify", "--upgrade-to", "v1.6.0", "--out", str(out), *options]), out
     run.target = target  # type: ignore[attr-defined]
     run.argvs = target.argvs  # type: ignore[attr-defined]
     return run
@@ -112,10 +114,22 @@ def test_a_failed_upgrade_is_not_certified_and_the_platform_not_certified_again(
     assert "UPG-1, the upgrade under load: failed" in (out / "upgrade.md").read_text()
 
 
+def test_an_upgrade_certification_of_some_clauses_is_partial_and_still_runs_the_upgrade(upgrade_run) -> None:
+    rc, out = upgrade_run(options=("-k", "TRN-2"))
+    assert rc == cli.NO_VERDICT_EXIT
+    before, upgrade, after = upgrade_run.argvs
+    assert before[-2:] == after[-2:] == ["-k", "TRN-2"]
+    assert upgrade[-7:] == ["-n", "1", "-s", "-k", "UPG-1", "--upgrade-to", "v1.6.0"], "pytest takes the last -k"
+    for phase in ("before", "after"):
+        page = json.loads((out / phase / "certification.json").read_text())
+        assert page["verdict"] == "PARTIAL" and [c["id"] for c in page["clauses"] if c["outcome"] != "not run"] == [
+            "TRN-2"], phase
+    assert "UPG-1, the upgrade under load: passed" in (out / "upgrade.md").read_text()
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--upgrade-to", "1.6"], "looks like v1.6.0"),
     (["--upgrade-to", "v9.9.9"], "can be upgraded to v1.6.0"),
-    (["--upgrade-to", "v1.6.0", "-k", "ADM"], "drop -k"),
 ])
 def test_an_upgrade_target_that_cannot_be_had_is_bad_input_and_creates_nothing(monkeypatch, tmp_path, capsys,
                                                                                 argv, says) -> None:
