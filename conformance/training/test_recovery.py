@@ -35,7 +35,9 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     within that bound; Ray Train MUST resume from the latest checkpoint
     settled before the preemption, or a newer one (first step after the
     restart = checkpoint step + 1), losing at most one checkpoint interval of
-    steps, and the RayJob MUST succeed with every step done."""
+    steps (counted from a newer checkpoint saved before the preemption that
+    Ray Train had not yet registered, where there is one), and the RayJob
+    MUST succeed with every step done."""
     profile = lab.profile
     every = int(profile["training"]["checkpointEvery"])
     slack = timeouts.FAIL_FAST_SLACK.seconds
@@ -128,7 +130,17 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
         no_progress_s = evidence.record("kill_to_progress_s", round(progress[0] - deleted["deleted_at"], 1))
         record_idle_cost(profile, evidence, gang_gpus(lab) * no_progress_s,
                          "a preempted worker: the restart and the steps lost since the last checkpoint")
-    assert lost <= every, f"{lost} steps lost, more than the checkpoint interval {every}"
+    # Counted from the restored checkpoint, unless the newest one saved before
+    # the deletion was saved within CHECKPOINT_SETTLE_S of it and not
+    # restored: Ray Train's controller had not registered it yet, and that
+    # interval is lost to Ray Train's commit, not to the platform (the kill
+    # landing between the step after a checkpoint and the controller's poll).
+    unregistered = max(saved_before) if settled < max(saved_before) > restored[0]["step"] else None
+    evidence.record("newest_checkpoint_unregistered_at_kill", unregistered)
+    counted_from = unregistered or restored[0]["step"]
+    assert reached - counted_from <= every, (
+        f"{reached - counted_from} steps lost since checkpoint {counted_from}, more than the checkpoint interval "
+        f"{every} (restored {restored[0]['step']}, last step reached {reached})")
     assert status.get("jobStatus") == "SUCCEEDED", f"RayJob {name} ended {status}"
     assert max(e["step"] for e in steps) == STEPS, f"the run stopped at step {max(e['step'] for e in steps)} of {STEPS}"
 
