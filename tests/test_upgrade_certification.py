@@ -42,7 +42,10 @@ def fake_pytest(target: FakeTarget, upgrade_outcome: str, failing_after: str | N
         target.argvs.append(args)
         results = Path(next(a for a in args if a.startswith("--rayproof-results=")).split("=", 1)[1])
         upgrading = "--upgrade-to" in args
-        selected = args[len(args) - 1 - args[::-1].index("-k") + 1] if "-k" in args else ""
+        selected = ""  # pytest's -k: the last one given
+        for flag, value in zip(args, args[1:]):
+            if flag == "-k":
+                selected = value
         rows = []
         for cid in catalogue():
             if selected not in cid:
@@ -122,8 +125,7 @@ def test_an_upgrade_certification_of_some_clauses_is_partial_and_still_runs_the_
     assert upgrade[-7:] == ["-n", "1", "-s", "-k", "UPG-1", "--upgrade-to", "v1.6.0"], "pytest takes the last -k"
     for phase in ("before", "after"):
         page = json.loads((out / phase / "certification.json").read_text())
-        assert page["verdict"] == "PARTIAL" and [c["id"] for c in page["clauses"] if c["outcome"] != "not run"] == [
-            "TRN-2"], phase
+        assert page["verdict"] == "PARTIAL" and [c["id"] for c in page["clauses"]] == ["TRN-2"], phase
     assert "UPG-1, the upgrade under load: passed" in (out / "upgrade.md").read_text()
 
 

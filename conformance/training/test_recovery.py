@@ -135,7 +135,7 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     # restored: Ray Train's controller had not registered it yet, and that
     # interval is lost to Ray Train's commit, not to the platform (the kill
     # landing between the step after a checkpoint and the controller's poll).
-    unregistered = max(saved_before) if settled < max(saved_before) > restored[0]["step"] else None
+    unregistered = max(saved_before) if max(saved_before) > max(settled, restored[0]["step"]) else None
     evidence.record("newest_checkpoint_unregistered_at_kill", unregistered)
     counted_from = unregistered or restored[0]["step"]
     assert reached - counted_from <= every, (
