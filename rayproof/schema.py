@@ -98,12 +98,12 @@ def env_map(v: Any) -> dict[str, str]:
     return {k: str(x).lower() if isinstance(x, bool) else str(x) for k, x in v.items()}
 
 
-def _merge(base: Any, over: Any) -> Any:
+def merged(base: Any, over: Any) -> Any:
     """``over`` merged into ``base``: mappings recursively, anything else replaced."""
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
-            out[k] = _merge(base[k], v) if k in base else v
+            out[k] = merged(base[k], v) if k in base else v
         return out
     return copy.deepcopy(over)
 
@@ -192,7 +192,7 @@ def load_layered(defaults: Path, schema: Mapping[str, Any], source: str | Path |
     _resolve_paths(user, paths, user_dir)
     # Unknown keys are reported before merging, against the user's own text.
     _check_known(user, schema, "", name)
-    data = _validate(_merge(base, user), schema, "", name)
+    data = _validate(merged(base, user), schema, "", name)
     if relations is not None:
         relations(data, name)
     return data, name

@@ -57,6 +57,34 @@ def test_up_refuses_a_machine_short_of_inotify_instances_before_starting_anythin
     assert not platform.run_dir.exists()  # no run directory, no state, no logs
 
 
+def test_real_nodes_fit_the_disk_up_to_their_images_and_are_refused_past_it(tmp_path):
+    needed = 4 * machine.REAL_NODE_DISK_BYTES
+    machine.check_disk("p", "kubelet", 4, tmp_path / "not" / "yet", [], free=needed)  # exactly fits
+    machine.check_disk("p", "agent", 4, tmp_path, [], free=0)  # node-agent nodes hold no images
+    with pytest.raises(machine.MachineUnfit) as refused:
+        machine.check_disk("p", "kubelet", 4, tmp_path, ["default"], free=needed - 1)
+    message = str(refused.value)
+    assert "4 real nodes need about 28 GiB of disk" in message and "6.15 GiB" in message
+    assert f"{tmp_path} has 28.0 GiB free" in message
+    assert "here: default" in message and "nodes.count" in message
+    # Measured where it is asked, from the nearest directory that exists.
+    machine.check_disk("p", "kubelet", 0, tmp_path / "not" / "yet", [])
+
+
+def test_up_refuses_real_nodes_the_disk_cannot_hold_before_starting_anything(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine, "check_cgroups", lambda runtime: None)  # judged apart, by the machine's mounts
+    monkeypatch.setattr(machine, "REAL_NODE_DISK_BYTES", 2**62)  # more than any disk holds
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    started = []
+    platform = EmbeddedPlatform("short", profile={"nodes": {"runtime": "kubelet"}},
+                                binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
+    monkeypatch.setattr(platform, "control_plane", lambda: started.append("control plane"))
+    with pytest.raises(machine.MachineUnfit, match="4 real nodes need about .* GiB of disk"):
+        platform.up()
+    assert started == []
+    assert not platform.run_dir.exists()
+
+
 def test_certify_on_a_machine_short_of_inotify_instances_exits_4_creating_nothing(tmp_path, monkeypatch, capsys):
     from clusters.embedded import build
     from rayproof import cli

@@ -214,3 +214,39 @@ def test_a_run_ended_by_xdist_workers_keeps_their_message_and_exit_code(pytester
     assert "INTERNALERROR" not in text, text
     assert "the platform was started from other files" in text, text
     assert json.loads(out.read_text())["exit_status"] == 4
+
+
+def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_its_base(tmp_path, monkeypatch):
+    """`bin/rayproof test --platform-profile real-nodes.yaml` puts the self-tests'
+    misconfigured platforms on real nodes too: each one's own change over the run's profile."""
+    import contextlib
+
+    import yaml
+
+    from tests.selftest import clause_runs
+
+    run_profile = tmp_path / "real-nodes.yaml"
+    run_profile.write_text("nodes:\n  runtime: kubelet\n  count: 2\n")
+    config = type("Config", (), {"getoption": staticmethod(
+        lambda name: str(run_profile) if name == "--platform-profile" else None)})()
+    started = []
+
+    class Target:
+        @classmethod
+        def start(cls, *, name, profile, progress):
+            started.append((name, yaml.safe_load(Path(profile).read_text())))
+            return cls()
+
+        def close(self):
+            started.append("closed")
+
+    monkeypatch.setattr(clause_runs, "EmbeddedTarget", Target)
+    monkeypatch.setattr(clause_runs, "host_slot", contextlib.nullcontext)
+    factory = type("Factory", (), {"mktemp": staticmethod(lambda name: tmp_path / name)})()
+    (tmp_path / "selftest-broken").mkdir()
+    platform = clause_runs.misconfigured_platform(
+        config, factory, "selftest-broken", {"nodes": {"count": 3}, "network": {"enforceNetworkPolicy": False}})
+    assert next(platform)[0] == "selftest-broken"
+    platform.close()
+    assert started == [("selftest-broken", {"nodes": {"runtime": "kubelet", "count": 3},
+                                            "network": {"enforceNetworkPolicy": False}}), "closed"]

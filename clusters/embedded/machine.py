@@ -7,10 +7,16 @@
   A program that finds none left fails at start with "too many open files"
   (kueue's certificate watcher did, in a rehearsal beside other platforms),
   which says nothing of the cause; this check says it first.
+* Disk for real nodes. Each node's containerd keeps its own unpacked copy of
+  every image its pods run (containerd instances share none), and the Ray
+  image with the pinned torch unpacks to 6.15 GiB per node (`bench nodes`):
+  four nodes want 25 GiB of the filesystem that holds the platform, which a
+  disk filled halfway through a certification would take from etcd too.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from clusters.embedded.controlplane import fd_targets
@@ -22,6 +28,10 @@ MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 CONTROL_PLANE_INSTANCES = 20  # kube-controller-manager 8, kube-apiserver 6, kueue 3, kube-scheduler 3
 REAL_NODE_INSTANCES = 8  # kubelet 6, containerd 1, kube-proxy 1
 NODE_AGENT_INSTANCES = 0  # the node agent and pod network (Python) hold none
+# Disk a real node takes: the Ray image unpacked (6.15 GiB, measured per node by
+# `bench nodes`), its pods' writable layers and logs. Node-agent nodes run the
+# machine's own files and take next to none.
+REAL_NODE_DISK_BYTES = 7 * 2**30
 
 
 class UpRefused(RuntimeError):
@@ -76,3 +86,26 @@ def check_cgroups(node_runtime: str) -> None:
     if node_runtime == "kubelet" and not v1_hierarchies():
         raise MachineUnfit("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
                            "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")
+
+
+def check_disk(name: str, node_runtime: str, node_count: int, where: Path, others: list[str], *,
+               free: int | None = None) -> None:
+    """Raise :class:`MachineUnfit` when the filesystem of ``where`` (the platform's
+    directory, or the nearest that exists) has too little room for ``node_count``
+    real nodes' images."""
+    if node_runtime != "kubelet":
+        return
+    needed = node_count * REAL_NODE_DISK_BYTES
+    if free is None:
+        existing = next(p for p in (where, *where.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+    if free >= needed:
+        return
+    gib = 2**30
+    raise MachineUnfit(
+        f"platform {name}'s {node_count} real nodes need about {needed / gib:.0f} GiB of disk (each node's "
+        f"containerd unpacks its own copy of the Ray image, 6.15 GiB, beside its pods' layers and logs), and "
+        f"{where} has {free / gib:.1f} GiB free: "
+        + (f"take another embedded platform down (`bin/rayproof down --name NAME`; here: {', '.join(others)}), "
+           if others else "")
+        + "free disk there, or run fewer nodes (nodes.count in the platform profile)")

@@ -399,6 +399,7 @@ class EmbeddedPlatform:
             # What the platform replaced held inotify instances until now.
             others = sorted(d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name)
             machine.check_inotify(self.name, self.profile.node_runtime, self.profile.node_count, others)
+            machine.check_disk(self.name, self.profile.node_runtime, self.profile.node_count, self.run_dir, others)
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
             if session:  # recorded before anything starts: `clean` finds a session's platform killed mid-up

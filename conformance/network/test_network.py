@@ -31,9 +31,9 @@ STEP_TIME_S = 1.0
 def require_enforcement(enforcement: dict, evidence) -> None:
     evidence.record("network_policy_enforcement", enforcement)
     if not enforcement["enforced"]:
-        pytest.skip(f"{NOT_APPLICABLE} the cluster does not enforce NetworkPolicy (NET-3 probe: "
-                    f"open_without_policy={enforcement['open_without_policy']}, "
-                    f"blocked_with_policy={enforcement['blocked_with_policy']})")
+        pytest.skip(f"{NOT_APPLICABLE} the cluster does not enforce NetworkPolicy (NET-3 probe: a connection "
+                    f"open with no policy stayed open under a deny-all-ingress policy: "
+                    f"{enforcement['attempts_after_policy'][-3:]})")
 
 
 def blocked_training_setup(lab, enforcement: dict, evidence, stem: str) -> tuple[float, float, str, str]:

@@ -29,13 +29,13 @@ TENANT_CLASS = "tenant-batch-low"
 
 
 @pytest.fixture(scope="module")
-def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def one_node(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Module scope; a platform of one eight-GPU node (taken down at the end),
     with a tenant's low-priority PriorityClass."""
     from clusters.embedded.platform import EmbeddedPlatform
     from kubernetes import client
 
-    started = misconfigured_platform(tmp_path_factory, "tenancy", {"nodes": {"count": 1}})
+    started = misconfigured_platform(pytestconfig, tmp_path_factory, "tenancy", {"nodes": {"count": 1}})
     name, _ = next(started)
     try:
         platform = EmbeddedPlatform(name)

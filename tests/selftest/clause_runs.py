@@ -14,6 +14,7 @@ import yaml
 from clusters.embedded.target import EmbeddedTarget
 from fixtures.sharing import host_slot
 from rayproof import processes, timeouts
+from rayproof.schema import merged
 from rayproof.timeouts import Tier
 
 # Each self-test module that starts platforms of its own is one xdist group:
@@ -88,10 +89,19 @@ def expect_failure(row: dict[str, Any], *causes: str) -> None:
         f"\n--- the clause run's output, last part:\n{output[-12000:]}")
 
 
-def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, profile: dict) -> Iterator[tuple[str, Path]]:
-    """An embedded platform started with ``profile`` over the defaults (or
-    joined, where another session started it with the same); taken down by
-    the last session to leave it.
+def run_platform_profile(config: pytest.Config) -> dict[str, Any]:
+    """The fields of the run's ``--platform-profile`` file (none without one)."""
+    path = config.getoption("--platform-profile")
+    return (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
+
+
+def misconfigured_platform(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, name: str,
+                           profile: dict) -> Iterator[tuple[str, Path]]:
+    """An embedded platform started with ``profile`` over the run's own
+    platform profile (``--platform-profile``, so ``bin/rayproof test
+    --platform-profile real-nodes.yaml`` puts every platform of the run on
+    real nodes) over the defaults, or joined, where another session started
+    it with the same; taken down by the last session to leave it.
 
     The session holds one host slot from before the start until it leaves,
     and its nested clause runs inherit it: they run back to back instead of
@@ -99,7 +109,7 @@ def misconfigured_platform(tmp_path_factory: pytest.TempPathFactory, name: str, 
     the rest of the run (in the rehearsal before this, the Kueue-unmanaged
     platform stood 20 minutes for three clause runs of about a minute each)."""
     path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
-    path.write_text(yaml.safe_dump(profile))
+    path.write_text(yaml.safe_dump(merged(run_platform_profile(config), profile)))
     with host_slot():
         target = EmbeddedTarget.start(name=name, profile=path, progress=print)
         try:

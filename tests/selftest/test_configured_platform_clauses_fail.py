@@ -50,10 +50,11 @@ TEMPLATE_FILES = {"rayJob": "rayjob.yaml", "rayCluster": "raycluster.yaml", "ray
 
 
 @pytest.fixture(scope="module")
-def default_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def default_platform(pytestconfig: pytest.Config,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Module scope; an embedded platform with the default settings, shared by
     the workers of this module's lanes; taken down by the last to leave it."""
-    yield from misconfigured_platform(tmp_path_factory, "selftest-default", {})
+    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-default", {})
 
 
 def _ray_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:

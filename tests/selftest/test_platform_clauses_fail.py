@@ -23,27 +23,30 @@ pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 
 
 @pytest.fixture(scope="module")
-def broken_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def broken_platform(pytestconfig: pytest.Config,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Module scope; Kueue without waitForPodsReady and a pod network that
     enforces no NetworkPolicy (a flannel-like CNI); taken down at teardown."""
-    yield from misconfigured_platform(tmp_path_factory, "selftest-broken",
+    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-broken",
                                       {"kueue": {"waitForPodsReady": {"enable": False}},
                                        "network": {"enforceNetworkPolicy": False}})
 
 
 @pytest.fixture(scope="module")
-def unmanaged_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def unmanaged_platform(pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Module scope; Kueue without the ray.io/rayjob integration (RayJobs bypass
     admission); taken down at teardown."""
-    yield from misconfigured_platform(tmp_path_factory, "selftest-unmanaged",
+    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-unmanaged",
                                       {"kueue": {"integrations": ["batch/job", "ray.io/raycluster"]}})
 
 
 @pytest.fixture(scope="module")
-def impatient_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def impatient_platform(pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Module scope; Kueue's waitForPodsReady at 20 s, shorter than the 30 s
     image pulls the platform promises are healthy; taken down at teardown."""
-    yield from misconfigured_platform(tmp_path_factory, "selftest-impatient",
+    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-impatient",
                                       {"kueue": {"waitForPodsReady": {"timeout": "20s"}}})
 
 

@@ -28,10 +28,11 @@ pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 
 
 @pytest.fixture(scope="module")
-def crd_recreating_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def crd_recreating_platform(pytestconfig: pytest.Config,
+                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Module scope; a platform that upgrades KubeRay by deleting and creating
     its CRDs again; taken down at teardown."""
-    yield from misconfigured_platform(tmp_path_factory, "selftest-crd-recreate",
+    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-crd-recreate",
                                       {"kuberay": {"upgradeCRDs": "recreate"}})
 
 
