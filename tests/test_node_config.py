@@ -125,15 +125,37 @@ def test_pre_pull_images_must_be_a_list_of_distinct_references(value: object) ->
         load_profile({"nodes": {"prepullImages": value}})
 
 
-def test_the_oom_group_reads_containerds_oom_events_and_nothing_else() -> None:
-    line = ('2026-12-05 07:30:00.123456789 +0000 UTC k8s.io /tasks/oom '
-            '{"container_id":"4f1e0c2a9b"}\n')
-    assert oomgroup.oom_event(line) == ("k8s.io", "4f1e0c2a9b")
-    for other in ('2026-12-05 07:30:00.1 +0000 UTC k8s.io /tasks/exit {"container_id":"4f1e","exit_status":137}',
-                  '2026-12-05 07:30:00.1 +0000 UTC k8s.io /tasks/oom {}',
-                  '2026-12-05 07:30:00.1 +0000 UTC k8s.io /tasks/oom not-json',
+def test_the_oom_group_reads_containerds_task_events_of_containers_and_nothing_else() -> None:
+    at = "2026-12-05 07:30:00.123456789 +0000 UTC k8s.io"
+    assert oomgroup.task_event(f'{at} /tasks/oom {{"container_id":"4f1e0c2a9b"}}\n') == (
+        "/tasks/oom", ("k8s.io", "4f1e0c2a9b"))
+    assert oomgroup.task_event(f'{at} /tasks/start {{"container_id":"4f1e","pid":7}}') == (
+        "/tasks/start", ("k8s.io", "4f1e"))
+    assert oomgroup.task_event(f'{at} /tasks/exit {{"container_id":"4f1e","id":"4f1e","exit_status":137}}') == (
+        "/tasks/exit", ("k8s.io", "4f1e"))
+    for other in (f'{at} /tasks/exit {{"container_id":"4f1e","id":"probe-1","exit_status":0}}',  # an exec's exit
+                  f'{at} /tasks/oom {{}}', f'{at} /tasks/oom not-json', f'{at} /images/update {{"name":"x"}}',
                   '/tasks/oom', ''):
-        assert oomgroup.oom_event(other) is None, other
+        assert oomgroup.task_event(other) is None, other
+
+
+def test_the_oom_group_kills_a_started_container_at_its_oom_and_a_starting_one_once_started() -> None:
+    group, a, b = oomgroup.OomGroup(), ("k8s.io", "a"), ("k8s.io", "b")
+    assert group.on_event("/tasks/oom", a) == [a]  # created before the group followed the events
+    for topic in ("/tasks/create", "/tasks/start"):
+        assert group.on_event(topic, b) == []
+    assert group.on_event("/tasks/oom", b) == [b]  # started: at once
+    # OOM-killed while runc start was under way: a kill then failed the start (StartError, 128).
+    c = ("k8s.io", "c")
+    assert group.on_event("/tasks/create", c) == []
+    assert group.on_event("/tasks/oom", c) == []
+    assert group.on_event("/tasks/start", c) == [c]
+    assert group.on_event("/tasks/start", c) == []  # killed once
+    # One whose start failed ends without a start: nothing is left waiting.
+    d = ("k8s.io", "d")
+    for topic in ("/tasks/create", "/tasks/oom", "/tasks/exit"):
+        assert group.on_event(topic, d) == []
+    assert not group.starting and not group.oom_while_starting
 
 
 def test_the_oom_group_kills_every_process_of_the_container_through_containerd(monkeypatch) -> None:

@@ -187,18 +187,25 @@ def test_a_container_whose_child_is_oom_killed_ends_oom_killed_as_a_whole(
         core: client.CoreV1Api, namespace: str) -> None:
     """cgroup v2's memory.oom.group on cgroup v1 (``oomgroup.py``): once the kernel kills dd, a child of
     the container's shell, the shell goes too, so the container ends OOMKilled, 137, and restarts. Without
-    the group the shell would sleep on for the hour, Running."""
-    # dd starts a second in: killed through containerd while CRI was still starting the container, the
-    # container once ended StartError (exit 128) instead (1 run in 4), a race of the emulation that the
-    # kernel's own group kill on cgroup v2 does not have.
-    core.create_namespaced_pod(namespace, shell_pod(
-        "oom-child", "sleep 1; dd if=/dev/zero of=/dev/null bs=64M count=1; echo the shell lives on; exec sleep 3600"))
-    status = wait_for(lambda: container_status(core, namespace, "oom-child"),
-                      lambda s: s is not None and (s.restart_count or 0) >= 1 and s.last_state.terminated is not None,
-                      timeout=timeouts.CONTAINER_TRANSITION,
-                      description="pod oom-child restarted after the kernel OOM-killed its shell's child")
-    terminated = status.last_state.terminated
-    assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137), terminated
+    the group the shell would sleep on for the hour, Running.
+
+    dd starts at once, in four containers at a time: killed through containerd at the OOM event while its
+    start was under way, a container once ended StartError (exit 128) instead (1 run in 4 of one such
+    container on a loaded machine; the group now waits for the shim's start event)."""
+    names = [f"oom-child-{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        core.create_namespaced_pod(namespace, shell_pod(
+            name, "dd if=/dev/zero of=/dev/null bs=64M count=1; echo the shell lives on; exec sleep 3600",
+            node=i % NODES + 1))
+
+    def ends() -> dict[str, Any]:
+        return {name: (s.last_state.terminated if s is not None and (s.restart_count or 0) >= 1 else None)
+                for name, s in ((n, container_status(core, namespace, n)) for n in names)}
+
+    ended = wait_for(ends, lambda e: all(t is not None for t in e.values()), timeout=timeouts.CONTAINER_TRANSITION,
+                     description="pods oom-child-0..3 restarted after the kernel OOM-killed each shell's child")
+    assert {name: (t.reason, t.exit_code) for name, t in ended.items()} == dict.fromkeys(names, ("OOMKilled", 137)), \
+        ended
 
 
 def test_an_image_the_registry_does_not_hold_fails_to_pull_then_backs_off(core: client.CoreV1Api, namespace: str) -> None:
