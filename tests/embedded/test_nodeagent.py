@@ -14,6 +14,7 @@ catalog) and need nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -137,25 +138,23 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("nodeagent")
     tag = uuid.uuid4().hex[:6]
     platform = EmbeddedPlatform(f"natest-{tag}", run_dir=base / "platform", binaries=binaries, progress=print)
-    podnet = agent = None
-    try:
+    # Each part is undone even where undoing another fails (a run interrupted
+    # during this setup once left its platform and network namespace running).
+    with contextlib.ExitStack() as undo:
+        undo.callback(platform.down)
         platform.up()
         podnet = PodNetwork(f"na{tag}", base / "podnet").open()
+        undo.callback(podnet.close)
         label = f"natest-{tag}"
         agent = NodeAgent(platform.kubeconfig, {"nodes": {"shape": {"nvidia.com/gpu": GPUS_PER_NODE}}},
                           base / "agent", podnet, nodes=NODES, name_prefix=f"na{tag}-node",
                           labels={"rayproof.dev/test-agent": label})
+        undo.callback(agent.stop)
         t0 = time.monotonic()
         agent.start()
         e = Env(platform, podnet, agent, label, time.monotonic() - t0)
         yield e
         e.api_client.close()
-    finally:
-        if agent is not None:
-            agent.stop()
-        if podnet is not None:
-            podnet.close()
-        platform.down()
 
 
 @pytest.fixture
