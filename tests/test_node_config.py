@@ -145,7 +145,7 @@ def test_the_oom_group_kills_a_started_container_at_its_oom_and_a_starting_one_o
     for topic in ("/tasks/create", "/tasks/start"):
         assert group.on_event(topic, b) == []
     assert group.on_event("/tasks/oom", b) == [b]  # started: at once
-    # OOM-killed while runc start was under way: a kill then failed the start (StartError, 128).
+    # An OOM while its start is under way: a kill then once failed the start (StartError, 128).
     c = ("k8s.io", "c")
     assert group.on_event("/tasks/create", c) == []
     assert group.on_event("/tasks/oom", c) == []
