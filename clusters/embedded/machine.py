@@ -28,9 +28,10 @@ MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 CONTROL_PLANE_INSTANCES = 20  # kube-controller-manager 8, kube-apiserver 6, kueue 3, kube-scheduler 3
 REAL_NODE_INSTANCES = 8  # kubelet 6, containerd 1, kube-proxy 1
 NODE_AGENT_INSTANCES = 0  # the node agent and pod network (Python) hold none
-# Disk a real node takes: the Ray image unpacked (6.15 GiB, measured per node by
-# `bench nodes`), its pods' writable layers and logs. Node-agent nodes run the
+# Disk a real node takes: the Ray image unpacked (measured per node by `bench
+# nodes`), its pods' writable layers and logs. Node-agent nodes run the
 # machine's own files and take next to none.
+RAY_IMAGE_UNPACKED_GIB = 6.15
 REAL_NODE_DISK_BYTES = 7 * 2**30
 
 
@@ -104,7 +105,7 @@ def check_disk(name: str, node_runtime: str, node_count: int, where: Path, other
     gib = 2**30
     raise MachineUnfit(
         f"platform {name}'s {node_count} real nodes need about {needed / gib:.0f} GiB of disk (each node's "
-        f"containerd unpacks its own copy of the Ray image, 6.15 GiB, beside its pods' layers and logs), and "
+        f"containerd unpacks its own copy of the Ray image, {RAY_IMAGE_UNPACKED_GIB} GiB, beside its pods' layers and logs), and "
         f"{where} has {free / gib:.1f} GiB free: "
         + (f"take another embedded platform down (`bin/rayproof down --name NAME`; here: {', '.join(others)}), "
            if others else "")

@@ -118,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             continue
         topic, container = found
-        if topic == OOM_TOPIC and container in group.starting:
+        kills = group.on_event(topic, container)
+        if topic == OOM_TOPIC and not kills:
             print(f"OOM kill in container {'/'.join(container)} while it starts: the rest is killed once "
                   "it has started", flush=True)
-        for namespace, killed in group.on_event(topic, container):
+        for namespace, killed in kills:
             done = kill_container(ctr, namespace, killed)
             outcome = "killed" if done.returncode == 0 else f"kill failed ({done.returncode}): {done.stderr.strip()}"
             print(f"OOM kill in container {namespace}/{killed}: its other processes {outcome}", flush=True)
