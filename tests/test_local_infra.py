@@ -399,3 +399,48 @@ def test_a_lock_reached_through_a_symbolic_link_or_a_shared_directory_is_refused
     linked.symlink_to(tmp_path / "shares", target_is_directory=True)
     with pytest.raises(UnsafePath, match="is a symbolic link"):
         sharing.ClusterShares("https://cluster.example:6443", 1, root=linked)
+
+
+def test_clean_finds_a_platform_kept_in_a_temporary_directory_once_its_owner_is_gone(tmp_path, monkeypatch):
+    """A platform a test brings up in its own run directory is linked from the cache until its down, so
+    `rayproof clean` (and a session's sweep after its workers) takes it down once the process that
+    brought it up has died; one whose owner lives is left, and a link to a removed directory is dropped."""
+    from clusters.embedded.platform import EmbeddedPlatform, elsewhere_root, platforms_elsewhere
+
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    dead_owner = dataclasses.replace(processes.me(), pid=dead.pid, started=1.0)
+    platforms = {}
+    for name, owner in (("left-by-dead", dead_owner), ("in-use", processes.me()), ("removed", processes.me())):
+        p = platforms[name] = EmbeddedPlatform(name, run_dir=tmp_path / "pytest-tmp" / name / "platform")
+        p.run_dir.mkdir(parents=True)
+        p.state.update(name=name, owner=owner.token, owner_pid=owner.pid)
+        p._link_elsewhere()
+    (platforms["removed"].run_dir / "state.json").unlink()
+    platforms["removed"].run_dir.rmdir()
+    assert sorted(p.name for p in platforms_elsewhere()) == ["in-use", "left-by-dead"]
+    assert len(list(elsewhere_root().iterdir())) == 2, "the link to the removed directory is dropped"
+
+    taken_down = []
+    monkeypatch.setattr(EmbeddedPlatform, "down", lambda self: taken_down.append(self.run_dir) or [])
+    assert janitor.take_down_platforms_elsewhere(owners=[os.getpid()]) == [], "not a worker of this session's"
+    done = janitor.take_down_platforms_elsewhere()
+    assert taken_down == [platforms["left-by-dead"].run_dir], done
+    assert done == [f"took down embedded platform left-by-dead in {platforms['left-by-dead'].run_dir}, left "
+                    "running by a process that is gone"]
+
+
+def test_a_platform_in_the_platform_root_is_not_linked_and_one_elsewhere_is_unlinked_at_down(tmp_path, monkeypatch):
+    from clusters.embedded.platform import EmbeddedPlatform, elsewhere_root
+
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    named = EmbeddedPlatform("named")
+    assert named._elsewhere_link is None
+    kept = EmbeddedPlatform("kept", run_dir=tmp_path / "tmp" / "kept")
+    kept.run_dir.mkdir(parents=True)
+    kept.state.update(name="kept")
+    kept._link_elsewhere()
+    assert [link.resolve() for link in elsewhere_root().iterdir()] == [kept.run_dir.resolve()]
+    kept.down()
+    assert not kept.run_dir.exists() and list(elsewhere_root().iterdir()) == []

@@ -184,12 +184,29 @@ def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_ow
     assert not any(n.startswith("kube-router") for n in process_names(2, gpus=False, policies=False))
 
 
-def test_kube_router_cannot_be_asked_to_cut_open_connections() -> None:
+@pytest.mark.parametrize("runtime, enforce, cuts, flags", [
+    # The reference platform cuts open connections on either node layer.
+    ("agent", True, "default", ["--recheck-established"]),
+    ("kubelet", True, "default", ["--no-dns", "--recheck-established"]),
+    # null: the engine's own way (the router cuts, kube-router keeps).
+    ("agent", True, None, ["--recheck-established"]),
+    ("kubelet", True, None, ["--no-dns", "--no-network-policy"]),
+    ("agent", True, False, []),
+    ("kubelet", True, False, ["--no-dns", "--no-network-policy"]),
+    # No engine at all: nothing to cut with.
+    ("agent", False, True, ["--no-network-policy"]),
+    ("kubelet", False, True, ["--no-dns", "--no-network-policy"]),
+])
+def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(runtime, enforce, cuts, flags) -> None:
+    """On real nodes kube-router judges every connection in its node; the router's engine joins it,
+    judging every packet that crosses the router, only to cut connections opened before a policy."""
+    from clusters.embedded.platform import pod_network_flags
     from clusters.embedded.profile import load_profile
-    from rayproof.schema import ProfileError
 
-    assert load_profile({"nodes": {"runtime": "kubelet"}}).data["network"]["policyCutsOpenConnections"] is None
-    assert load_profile({"network": {"policyCutsOpenConnections": True}}).data["network"]["policyCutsOpenConnections"]
-    with pytest.raises(ProfileError, match="network.policyCutsOpenConnections: kube-router.* keeps the connections"):
-        load_profile({"nodes": {"runtime": "kubelet"}, "network": {"policyCutsOpenConnections": True}})
+    network: dict = {"enforceNetworkPolicy": enforce}
+    if cuts != "default":
+        network["policyCutsOpenConnections"] = cuts
+    profile = load_profile({"nodes": {"runtime": runtime}, "network": network})
+    assert pod_network_flags(profile) == flags
+    assert profile.cuts_open_connections == ("--recheck-established" in flags)
 

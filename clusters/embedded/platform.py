@@ -67,6 +67,26 @@ def platform_root() -> Path:
     return build.cache_root() / "platform"
 
 
+def elsewhere_root() -> Path:
+    """``<cache>/platform-elsewhere``: a link to the run directory of each
+    platform kept outside :func:`platform_root` (tests' and benchmarks'
+    platforms in temporary directories), from its ``up`` until its ``down``, so
+    ``rayproof clean`` finds those whose owner is gone."""
+    return build.cache_root() / "platform-elsewhere"
+
+
+def platforms_elsewhere() -> list["EmbeddedPlatform"]:
+    """The platforms :func:`elsewhere_root` links to (links to removed run directories are dropped)."""
+    found = []
+    for link in sorted(elsewhere_root().glob("*")) if elsewhere_root().is_dir() else []:
+        run_dir = Path(os.readlink(link))
+        if not run_dir.is_dir():
+            link.unlink(missing_ok=True)
+            continue
+        found.append(EmbeddedPlatform(link.name.rsplit("-", 1)[0], run_dir=run_dir))
+    return found
+
+
 def files_digest() -> str:
     """SHA-256 over the reference platform's own code and configuration
     (every file under ``clusters/embedded/`` that ships with the suite): a
@@ -93,6 +113,23 @@ class PlatformInUse(machine.UpRefused):
 class PlatformKept(machine.UpRefused):
     """A run asks for another profile than the one a user's ``rayproof up``
     started the platform with: it is theirs, and is not replaced under them."""
+
+
+def pod_network_flags(profile: Profile) -> list[str]:
+    """What the pod network controller (``podnet run``) serves of ``profile``'s network.
+
+    The router judges NetworkPolicy on the node agent. On real nodes CoreDNS
+    pods serve DNS (``nodes/dns.py``) and kube-router judges NetworkPolicy in
+    each node (``nodes/netpol.py``); the router judges it too only to cut
+    connections opened before a policy, which kube-router keeps.
+    """
+    real_nodes = profile.node_runtime == "kubelet"
+    flags = ["--no-dns"] if real_nodes else []
+    if profile.cuts_open_connections:
+        flags.append("--recheck-established")
+    elif real_nodes or not profile.enforces_network_policy:
+        flags.append("--no-network-policy")
+    return flags
 
 
 class EmbeddedPlatform:
@@ -263,15 +300,7 @@ class EmbeddedPlatform:
                               state_dir=str(self.podnet_dir))
         argv = [sys.executable, "-m", "clusters.embedded.podnet", "run", "--kubeconfig", str(self.kubeconfig),
                 "--platform", self.name, "--state-dir", str(self.podnet_dir)]
-        if self.profile.node_runtime == "kubelet":
-            # CoreDNS pods serve DNS (nodes/dns.py), kube-router in the nodes NetworkPolicy (nodes/netpol.py).
-            argv += ["--no-dns", "--no-network-policy"]
-        else:
-            if not self.profile.enforces_network_policy:
-                argv.append("--no-network-policy")
-            if self.profile.data["network"]["policyCutsOpenConnections"] is not False:  # null: the router's way
-                argv.append("--recheck-established")
-        self.start_process("podnet", argv, env=_python_env())
+        self.start_process("podnet", argv + pod_network_flags(self.profile), env=_python_env())
         ready = self.podnet_dir / "controller.ready"
         wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
                  description=f"pod network controller of platform {self.name} ({ready})")
@@ -402,6 +431,7 @@ class EmbeddedPlatform:
             machine.check_disk(self.name, self.profile.node_runtime, self.profile.node_count, self.run_dir, others)
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
+            self._link_elsewhere()
             if session:  # recorded before anything starts: `clean` finds a session's platform killed mid-up
                 join_users(self._users_dir)
             versions = build.pinned_versions()
@@ -515,7 +545,33 @@ class EmbeddedPlatform:
             )
         shutil.rmtree(self.run_dir)
         done.append(f"removed {self.run_dir}")
+        if self._elsewhere_link is not None:
+            self._elsewhere_link.unlink(missing_ok=True)
         return done
+
+    @property
+    def _elsewhere_link(self) -> Path | None:
+        """This platform's link in :func:`elsewhere_root` (None: its run directory is in :func:`platform_root`)."""
+        import hashlib
+
+        run_dir = self.run_dir.resolve()
+        if run_dir.parent == platform_root().resolve():
+            return None
+        return elsewhere_root() / f"{self.name}-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]}"
+
+    def _link_elsewhere(self) -> None:
+        """Link a run directory outside :func:`platform_root` from :func:`elsewhere_root` (before anything starts)."""
+        link = self._elsewhere_link
+        if link is not None:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.unlink(missing_ok=True)
+            link.symlink_to(self.run_dir.resolve())
+
+    def owner_gone(self) -> bool:
+        """The process that brought it up is known to have ended (False where that cannot be told)."""
+        from rayproof.processes import token_alive
+
+        return token_alive(self.state.read().get("owner", "")) is False
 
     def __enter__(self) -> "EmbeddedPlatform":
         return self.up()

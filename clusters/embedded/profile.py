@@ -69,6 +69,13 @@ class Profile:
         return bool(self.data["network"]["enforceNetworkPolicy"])
 
     @property
+    def cuts_open_connections(self) -> bool:
+        """A new NetworkPolicy also stalls connections opened before it: true, or null on the node agent
+        (its router's own way); kube-router, the real nodes' engine, keeps them (null or false there)."""
+        cuts = self.data["network"]["policyCutsOpenConnections"]
+        return self.enforces_network_policy and (cuts is True or (cuts is None and self.node_runtime == "agent"))
+
+    @property
     def control_plane(self) -> Mapping[str, Any]:
         return self.data["controlPlane"]
 
@@ -155,11 +162,6 @@ SCHEMA: dict[str, Any] = {
 
 
 def _check_relations(data: dict[str, Any], source: str) -> None:
-    if data["nodes"]["runtime"] == "kubelet" and data["network"]["policyCutsOpenConnections"]:
-        raise ProfileError(
-            f"{source}: field network.policyCutsOpenConnections: kube-router, the NetworkPolicy engine of "
-            "nodes.runtime kubelet, keeps the connections conntrack knows (as Calico does); leave it null or "
-            "set false, or use nodes.runtime agent; got true")
     rs = data["kueue"]["waitForPodsReady"]["requeuingStrategy"]
     if rs["backoffMaxSeconds"] < rs["backoffBaseSeconds"]:
         raise ProfileError(

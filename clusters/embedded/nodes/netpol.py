@@ -23,9 +23,12 @@ A platform on this engine has to survive that; the reference platform's
 golden RayJob does, by a liveness probe on its submitter (TRN-2).
 
 Connections conntrack already knows keep flowing after a new policy:
-kube-router accepts ESTABLISHED traffic first, as Calico and Antrea do
-(``network.policyCutsOpenConnections: false``). The router's own policy
-engine is off on these platforms (``podnet run --no-network-policy``).
+kube-router accepts ESTABLISHED traffic first, as Calico and Antrea do. The
+reference platform cuts them (``network.policyCutsOpenConnections: true``),
+so there the router's engine judges NetworkPolicy too, every packet a
+connection's initiator sends through the router (``podnet run
+--recheck-established``); with false or null kube-router judges alone
+(``--no-network-policy``). ``platform.pod_network_flags`` decides.
 """
 from __future__ import annotations
 

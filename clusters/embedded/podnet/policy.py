@@ -38,7 +38,7 @@ written it to the pod's status and this controller has compiled it, a second
 or more after the pod's processes started; until then no chain matches it and
 its packets pass, whatever the policies that select it (real CNIs isolate a
 pod before its containers start; on the real nodes kube-router does, and this
-engine is off there: ``nodes/netpol.py``).
+engine runs there only beside it, to cut open connections: ``nodes/netpol.py``).
 
 Existing connections (REFERENCE §6: implementation defined).  Default
 (``recheck_established=False``): like Calico and Antrea, packets of a
