@@ -250,3 +250,21 @@ def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_it
     platform.close()
     assert started == [("selftest-broken", {"nodes": {"runtime": "kubelet", "count": 3},
                                             "network": {"enforceNetworkPolicy": False}}), "closed"]
+
+
+def test_a_bad_platform_profile_stops_the_run_before_it_starts_and_names_the_users_file(pytester, tmp_path,
+                                                                                       monkeypatch):
+    """The self-tests merge ``--platform-profile`` into temporary copies of their own; a bad field in it
+    is reported once, at the start, against the file the user named (pytest's usage error, exit 4)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # this checkout, for pytest's process
+    bad = tmp_path / "real-nodes.yaml"
+    bad.write_text("nodes:\n  runtime: kubelets\n")
+    pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--platform-profile={bad}")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4, text
+    assert f"--platform-profile: {bad}: field nodes.runtime: must be one of agent, kubelet; got 'kubelets'" in text
+    assert "passed" not in text, "no test ran"
+    bad.write_text("nodes:\n  runtime: kubelet\n")
+    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--platform-profile={bad}").ret == 0
