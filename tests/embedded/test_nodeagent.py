@@ -143,6 +143,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with contextlib.ExitStack() as undo:
         undo.callback(platform.down)
         platform.up()
+        # The platform's down undoes this module's own network and agent too, so `rayproof clean`
+        # takes all of it down should this process die (cleanups run last registered first).
+        platform.register_cleanup("clusters.embedded.podnet.network:teardown", platform=f"na{tag}",
+                                  state_dir=str(base / "podnet"))
+        platform.register_cleanup("clusters.embedded.nodeagent.state:cleanup", state_dir=str(base / "agent"))
         podnet = PodNetwork(f"na{tag}", base / "podnet").open()
         undo.callback(podnet.close)
         label = f"natest-{tag}"
