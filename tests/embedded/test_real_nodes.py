@@ -46,6 +46,7 @@ from clusters.embedded.platform import EmbeddedPlatform
 from clusters.embedded.pki import FIRST_SERVICE_IP
 from clusters.embedded.podnet import DNS_IP, ROUTER_IP, _host
 from chaos import straggler
+from fixtures import janitor
 from fixtures.sharing import host_slot
 from rayproof import profile as profile_mod, timeouts
 from rayproof.waiting import wait_for
@@ -775,8 +776,9 @@ def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) ->
 
 
 def test_down_after_up_was_killed_with_nodes_running(tmp_path: Path) -> None:
-    """SIGKILL of the process running up() once a kubelet runs: down() from another process still
-    stops containerd, kubelet and what they started, and removes the nodes' namespaces and cgroups."""
+    """SIGKILL of the process running up() once a kubelet runs: ``rayproof clean``'s sweep finds the
+    platform in its temporary run directory, and its down() from another process still stops
+    containerd, kubelet and what they started, and removes the nodes' namespaces and cgroups."""
     name = f"kubelet-kill-{os.getpid()}"
     run_dir = tmp_path / "platform"
     profile = tmp_path / "profile.yaml"
@@ -795,7 +797,8 @@ def test_down_after_up_was_killed_with_nodes_running(tmp_path: Path) -> None:
             os.kill(starter.pid, signal.SIGKILL)
             starter.wait()
             records = sup.records()
-            done = p.down()
+            done = janitor.take_down_platforms_elsewhere()
+            assert f"took down embedded platform {name} in {run_dir.resolve()}" in " ".join(done), done
         finally:
             if starter.poll() is None:
                 os.kill(starter.pid, signal.SIGKILL)
