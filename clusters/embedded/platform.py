@@ -79,6 +79,8 @@ def platforms_elsewhere() -> list["EmbeddedPlatform"]:
     """The platforms :func:`elsewhere_root` links to (links to removed run directories are dropped)."""
     found = []
     for link in sorted(elsewhere_root().glob("*")) if elsewhere_root().is_dir() else []:
+        if not link.is_symlink():
+            continue  # not one of ours
         run_dir = Path(os.readlink(link))
         if not run_dir.is_dir():
             link.unlink(missing_ok=True)
