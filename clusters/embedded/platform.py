@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import importlib
 import json
 import os
@@ -93,8 +94,6 @@ def files_digest() -> str:
     """SHA-256 over the reference platform's own code and configuration
     (every file under ``clusters/embedded/`` that ships with the suite): a
     platform started from other files is not the one this checkout describes."""
-    import hashlib
-
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     files = sorted(p for p in here.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml"))
@@ -554,8 +553,6 @@ class EmbeddedPlatform:
     @property
     def _elsewhere_link(self) -> Path | None:
         """This platform's link in :func:`elsewhere_root` (None: its run directory is in :func:`platform_root`)."""
-        import hashlib
-
         run_dir = self.run_dir.resolve()
         if run_dir.parent == platform_root().resolve():
             return None
