@@ -21,7 +21,9 @@ prints:
 * for the real nodes, ``ray_image``: what building the Ray image took (once
   per version, from its record), then, after the idle window, every node
   pulling it at once: kubelet's pull time per node, the wall time until each
-  ran a pod of it, and the disk each node's containerd holds.
+  ran a pod of it, the disk each node's containerd holds, and the disk all
+  of them hold together, before and after the nodes' unpacked copies are
+  shared (``nodes/sharedlayers.py``, as ``up`` does after its pre-pull).
 
 ``side_by_side`` gives each runtime's median of those figures, and
 ``node_layer_build_s`` the seconds each node-layer binary took when the
@@ -153,14 +155,21 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
         if seconds is not None:
             pulled[event.involved_object.name] = seconds
 
-    def disk_bytes(path: Path) -> int:
-        out = subprocess.run(["du", "-s", "--block-size=1", str(path)], capture_output=True, text=True, check=True)
-        return int(out.stdout.split()[0])
+    def disk_gib(*paths: Path) -> float:
+        """What the paths hold together (du counts a file linked from several of them once)."""
+        out = subprocess.run(["du", "-s", "-c", "--block-size=1", *map(str, paths)], capture_output=True, text=True,
+                             check=True)
+        return round(int(out.stdout.splitlines()[-1].split()[0]) / 2**30, 2)
 
+    stores = [n.dir / "var-lib" / "containerd" for n in nodes]
+    unshared = disk_gib(*stores)
+    began = time.monotonic()
+    print(f"{platform.name}: {layer.share_image_layers(platform).summary()}", flush=True)
     return {"image": rayimage.image_name(), "build": rayimage.last_build(images.cache_dir()),
             "pull_s_by_node": dict(sorted(pulled.items())), "all_nodes_pulled_wall_s": round(wall_s, 1),
-            "containerd_disk_gib_by_node": {n.name: round(disk_bytes(n.dir / "var-lib" / "containerd") / 2**30, 2)
-                                            for n in nodes}}
+            "containerd_disk_gib_by_node": {n.name: disk_gib(store) for n, store in zip(nodes, stores)},
+            "containerd_disk_gib_all_nodes": {"each_its_own_copy": unshared, "layers_shared": disk_gib(*stores)},
+            "share_layers_s": round(time.monotonic() - began, 1)}
 
 
 def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, Any]:

@@ -58,22 +58,32 @@ def test_up_refuses_a_machine_short_of_inotify_instances_before_starting_anythin
 
 
 def test_real_nodes_fit_the_disk_up_to_their_images_and_are_refused_past_it(tmp_path):
-    needed = 4 * machine.REAL_NODE_DISK_BYTES
-    machine.check_disk("p", "kubelet", 4, tmp_path / "not" / "yet", [], free=needed)  # exactly fits
-    machine.check_disk("p", "agent", 4, tmp_path, [], free=0)  # node-agent nodes hold no images
+    needed = machine.real_nodes_disk_bytes(4, images_shared=False)
+    machine.check_disk("p", "kubelet", 4, tmp_path / "not" / "yet", [], images_shared=False, free=needed)  # fits
+    machine.check_disk("p", "agent", 4, tmp_path, [], images_shared=False, free=0)  # node-agent nodes hold no images
     with pytest.raises(machine.MachineUnfit) as refused:
-        machine.check_disk("p", "kubelet", 4, tmp_path, ["default"], free=needed - 1)
+        machine.check_disk("p", "kubelet", 4, tmp_path, ["default"], images_shared=False, free=needed - 1)
     message = str(refused.value)
-    assert "4 real nodes need about 28 GiB of disk" in message and "6.15 GiB" in message
-    assert f"{tmp_path} has 28.0 GiB free" in message
+    assert "4 real nodes need about 29 GiB of disk" in message and "6.15 GiB, none of them shared" in message
+    assert f"{tmp_path} has 28.6 GiB free" in message
     assert "here: default" in message and "nodes.count" in message
     # Measured where it is asked, from the nearest directory that exists.
-    machine.check_disk("p", "kubelet", 0, tmp_path / "not" / "yet", [])
+    machine.check_disk("p", "kubelet", 0, tmp_path / "not" / "yet", [], images_shared=False)
+
+
+def test_real_nodes_whose_pre_pulled_images_are_shared_need_two_copies_of_the_ray_image_at_most(tmp_path):
+    gib = 2**30
+    assert machine.real_nodes_disk_bytes(1, images_shared=True) == int(6.15 * gib) + gib
+    assert machine.real_nodes_disk_bytes(4, images_shared=True) == int(2 * 6.15 * gib) + 4 * gib
+    assert machine.real_nodes_disk_bytes(4, images_shared=False) == int(4 * 6.15 * gib) + 4 * gib
+    shared = machine.real_nodes_disk_bytes(4, images_shared=True)
+    with pytest.raises(machine.MachineUnfit, match="about 16 GiB .* two at a time before the copies are shared"):
+        machine.check_disk("p", "kubelet", 4, tmp_path, [], images_shared=True, free=shared - 1)
 
 
 def test_up_refuses_real_nodes_the_disk_cannot_hold_before_starting_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "check_cgroups", lambda runtime: None)  # judged apart, by the machine's mounts
-    monkeypatch.setattr(machine, "REAL_NODE_DISK_BYTES", 2**62)  # more than any disk holds
+    monkeypatch.setattr(machine, "REAL_NODE_OWN_BYTES", 2**62)  # more than any disk holds
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
     started = []
     platform = EmbeddedPlatform("short", profile={"nodes": {"runtime": "kubelet"}},

@@ -9,9 +9,12 @@
   which says nothing of the cause; this check says it first.
 * Disk for real nodes. Each node's containerd keeps its own unpacked copy of
   every image its pods run (containerd instances share none), and the Ray
-  image with the pinned torch unpacks to 6.15 GiB per node (`bench nodes`):
-  four nodes want 25 GiB of the filesystem that holds the platform, which a
-  disk filled halfway through a certification would take from etcd too.
+  image with the pinned torch unpacks to 6.15 GiB per node (`bench nodes`).
+  ``up`` pulls the pre-pulled images onto one node at a time and makes each
+  later node's copy hard links to the first's (``nodes/sharedlayers.py``),
+  so at most two copies are ever on disk at once; without pre-pulled images
+  every node pulls its own, and four nodes want 25 GiB. A disk filled
+  halfway through a certification would be taken from etcd too.
 """
 from __future__ import annotations
 
@@ -28,11 +31,18 @@ MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 CONTROL_PLANE_INSTANCES = 20  # kube-controller-manager 8, kube-apiserver 6, kueue 3, kube-scheduler 3
 REAL_NODE_INSTANCES = 8  # kubelet 6, containerd 1, kube-proxy 1
 NODE_AGENT_INSTANCES = 0  # the node agent and pod network (Python) hold none
-# Disk a real node takes: the Ray image unpacked (measured per node by `bench
-# nodes`), its pods' writable layers and logs. Node-agent nodes run the
-# machine's own files and take next to none.
+# Disk real nodes take: the Ray image unpacked (measured per node by `bench
+# nodes`), and each node's pods' writable layers and logs. Node-agent nodes
+# run the machine's own files and take next to none.
 RAY_IMAGE_UNPACKED_GIB = 6.15
-REAL_NODE_DISK_BYTES = 7 * 2**30
+REAL_NODE_OWN_BYTES = 2**30
+
+
+def real_nodes_disk_bytes(node_count: int, images_shared: bool) -> int:
+    """Disk ``node_count`` real nodes need at most: two copies of the Ray image while a node's pull is
+    being shared with the first node's (``images_shared``: the profile pre-pulls images), else one per node."""
+    copies = min(node_count, 2) if images_shared else node_count
+    return int(copies * RAY_IMAGE_UNPACKED_GIB * 2**30) + node_count * REAL_NODE_OWN_BYTES
 
 
 class UpRefused(RuntimeError):
@@ -90,13 +100,13 @@ def check_cgroups(node_runtime: str) -> None:
 
 
 def check_disk(name: str, node_runtime: str, node_count: int, where: Path, others: list[str], *,
-               free: int | None = None) -> None:
+               images_shared: bool, free: int | None = None) -> None:
     """Raise :class:`MachineUnfit` when the filesystem of ``where`` (the platform's
     directory, or the nearest that exists) has too little room for ``node_count``
     real nodes' images."""
     if node_runtime != "kubelet":
         return
-    needed = node_count * REAL_NODE_DISK_BYTES
+    needed = real_nodes_disk_bytes(node_count, images_shared)
     if free is None:
         existing = next(p for p in (where, *where.parents) if p.exists())
         free = shutil.disk_usage(existing).free
@@ -105,7 +115,9 @@ def check_disk(name: str, node_runtime: str, node_count: int, where: Path, other
     gib = 2**30
     raise MachineUnfit(
         f"platform {name}'s {node_count} real nodes need about {needed / gib:.0f} GiB of disk (each node's "
-        f"containerd unpacks its own copy of the Ray image, {RAY_IMAGE_UNPACKED_GIB} GiB, beside its pods' layers and logs), and "
+        f"containerd unpacks its own copy of the Ray image, {RAY_IMAGE_UNPACKED_GIB} GiB, "
+        + ("two at a time before the copies are shared" if images_shared else "none of them shared")
+        + f", beside its pods' layers and logs), and "
         f"{where} has {free / gib:.1f} GiB free: "
         + (f"take another embedded platform down (`bin/rayproof down --name NAME`; here: {', '.join(others)}), "
            if others else "")

@@ -277,7 +277,8 @@ class EmbeddedPlatform:
             if self.profile.enforces_network_policy:  # before any pod of the platform's own
                 netpol.start(self, layer.nodes_of(self), self.progress)
             dns.deploy(self.api_client(), self.progress)
-            prepull.deploy(self.api_client(), self.profile.prepull_images, want, self.progress)
+            prepull.deploy(self.api_client(), self.profile.prepull_images, [n.name for n in layer.nodes_of(self)],
+                           self.progress, after_each_node=lambda: layer.share_image_layers(self).summary())
 
     def _start_node_agents(self) -> None:
         """The node agent: one process acting as kubelet and runtime for every node."""
@@ -429,7 +430,8 @@ class EmbeddedPlatform:
             # What the platform replaced held inotify instances until now.
             others = sorted(d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name)
             machine.check_inotify(self.name, self.profile.node_runtime, self.profile.node_count, others)
-            machine.check_disk(self.name, self.profile.node_runtime, self.profile.node_count, self.run_dir, others)
+            machine.check_disk(self.name, self.profile.node_runtime, self.profile.node_count, self.run_dir, others,
+                               images_shared=bool(self.profile.prepull_images))
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
             self._link_elsewhere()

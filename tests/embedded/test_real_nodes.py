@@ -14,7 +14,7 @@ packet and stalling a connection opened before it, cluster DNS served by
 CoreDNS pods and cut by a pod's egress policy, volumes shared by every
 node or each node's own, the Redis and Ray images the platform builds (the
 pinned Ray and torch inside; the Ray image pre-pulled onto every node at
-``up``), KubeRay's own samples running on the nodes (one admitted through
+``up``, its unpacked files then held once on the machine), KubeRay's own samples running on the nodes (one admitted through
 a team's LocalQueue); and, each on a platform of one node of its own,
 kubelet's eviction of the pod furthest over its requests when the node
 runs short of memory, and a ``down`` that leaves nothing on the machine.
@@ -622,16 +622,19 @@ def kuberay_sample(name: str) -> dict[str, Any]:
 
 def test_every_node_holds_the_ray_image_pulled_at_up_with_the_suites_ray_and_torch(
         platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
-    """The Ray image is Debian's Python with the pinned Ray and torch. The platform's pre-puller
-    (profile nodes.prepullImages) had each node pull it from the registry during up, so a pod of it
-    starts from the node's copy."""
+    """The Ray image is Debian's Python with the pinned Ray and torch. The platform's pre-pull
+    (profile nodes.prepullImages) had each node pull it from the registry during up, one node at a
+    time, so the pre-puller DaemonSet's pods and any pod of it after start from the node's copy."""
     from clusters.embedded.nodes import prepull
 
     assert platform.profile.prepull_images == ["rayproject/ray:2.60.0"]  # the golden templates' name for it
     pulls = {e.involved_object.name: e.message for e in core.list_namespaced_event(prepull.NAMESPACE).items
              if e.reason == "Pulled" and '"rayproject/ray:2.60.0"' in (e.message or "")}
-    print(f"pre-pulled at up: {pulls}")  # kubelet's pull time and the image's size, per pre-puller pod
-    assert len(pulls) == NODES and all("Successfully pulled" in m for m in pulls.values()), pulls
+    print(f"pre-pulled at up: {pulls}")  # kubelet's pull time and the image's size, per pod
+    warmed = {name: m for name, m in pulls.items() if name.startswith("image-warm-up-")}
+    daemons = {name: m for name, m in pulls.items() if name.startswith(prepull.NAME)}
+    assert len(warmed) == NODES and all("Successfully pulled" in m for m in warmed.values()), pulls
+    assert len(daemons) == NODES and all("already present on machine" in m for m in daemons.values()), pulls
     for node in range(1, NODES + 1):
         script = ("id -u; python -c 'import ray, torch; from importlib.metadata import version; "
                   "print(version(\"ray\"), version(\"torch\"), torch.__version__)'")
@@ -650,6 +653,40 @@ def test_every_node_holds_the_ray_image_pulled_at_up_with_the_suites_ray_and_tor
         pulled = [e.message for e in core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
                   if e.reason == "Pulled"]
         assert pulled and all("already present on machine" in m for m in pulled), pulled
+
+
+def test_the_nodes_unpacked_ray_image_is_held_once_and_a_containers_write_stays_its_own(
+        platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
+    """After the pre-pull, ``up`` made every file of the second node's unpacked Ray image a hard link
+    to the first node's (``nodes/sharedlayers.py``), so the machine holds it once. A container that
+    writes to one of those files writes its own copy: a pod of the other node, and the shared file
+    itself, still read what the image holds."""
+    from clusters.embedded.nodes import layer, sharedlayers
+
+    pids = {rec.name: rec.pid for rec in platform.supervisor.records()}
+    stores = [sharedlayers.snapshot_directories(n, pids[f"containerd-{n.index}"]) for n in layer.nodes_of(platform)]
+    ray_init = "usr/local/lib/python3.11/dist-packages/ray/__init__.py"
+    holding, = (key for key in stores[0].keys() & stores[1].keys() if (stores[0][key] / ray_init).exists())
+    first, second = stores[0][holding], stores[1][holding]
+    files = [Path(d, name) for d, _, names in os.walk(second) for name in names]
+    not_shared = [str(f) for f in files if f.is_file() and not f.is_symlink()
+                  and not os.path.samefile(f, first / f.relative_to(second))]
+    print(f"{len(files)} files in the second node's snapshot of the Ray layer, {len(not_shared)} not shared")
+    assert len(files) > 10_000 and not_shared == []
+    image_holds = (first / ray_init).read_bytes()[-12:].decode()
+
+    def run_alone(name: str, script: str, node: int) -> str:
+        pod = shell_pod(name, script, node=node, image=rayimage.image_name())
+        pod["spec"].update(restartPolicy="Never", securityContext={"runAsUser": 0})  # root may write the image's files
+        core.create_namespaced_pod(namespace, pod)
+        wait_for(lambda: core.read_namespaced_pod(name, namespace).status.phase, lambda ph: ph == "Succeeded",
+                 timeout=timeouts.POD_START, description=f"pod {name} on node {node} to run and succeed")
+        return core.read_namespaced_pod_log(name, namespace)
+
+    assert run_alone("writer", f"echo CHANGED >> /{ray_init} && tail -c 8 /{ray_init}", node=1) == "CHANGED\n"
+    assert run_alone("reader", f"tail -c 12 /{ray_init}", node=2) == image_holds
+    assert (first / ray_init).read_bytes()[-12:].decode() == image_holds
+    assert os.path.samefile(first / ray_init, second / ray_init)
 
 
 def test_kuberay_ray_cluster_sample_runs_unchanged_but_for_its_image(

@@ -14,7 +14,8 @@ StorageClasses' provisioner. Then per node containerd, its
 and (when the profile's node shape has ``nvidia.com/gpu``) the fake GPU
 device plugin. Once the nodes are Ready the platform starts each node's
 NetworkPolicy engine (``netpol.py``), then deploys cluster DNS on them
-(``dns.py``).
+(``dns.py``), pre-pulls the golden templates' images (``prepull.py``) and
+shares the nodes' unpacked copies of them (``sharedlayers.py``).
 Nodes pull their images, the sandbox image included, from the registry as
 any node does. ``down`` stops these programs like every platform process;
 then the cleanup registered per node kills what is left in its cgroup tree
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
-from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay
+from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay, sharedlayers
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
 from rayproof import timeouts
@@ -172,3 +173,10 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
         for kind, argv, env in in_node:
             platform.start_process(f"{kind}-{node.index}", argv, env=env, exec_argvs=in_node_exec_argvs(argv))
     progress(f"platform {platform.name}: {len(nodes)} kubelet nodes started (containerd, runc); waiting for Ready")
+
+
+def share_image_layers(platform: "EmbeddedPlatform") -> sharedlayers.Shared:
+    """The image layers that several nodes unpacked, held once on the machine (``sharedlayers.py``)."""
+    nodes = nodes_of(platform)
+    pids = {rec.name: rec.pid for rec in platform.supervisor.records()}
+    return sharedlayers.share(nodes, {node.name: pids[f"containerd-{node.index}"] for node in nodes})

@@ -11,6 +11,13 @@ cold 6.5 GB pull beside it. The DaemonSet stays, so a node that joins later
 is warmed too; its pods request no CPU: a node keeps its whole CPU for the
 teams' pods (one millicore was enough to keep a 1-CPU Ray worker off a
 2-CPU node that held a 1-CPU head, and UPG-1's gang from every node).
+
+Before the DaemonSet, ``up`` warms the nodes one at a time (a pod on each
+running ``true`` in every image, deleted once it succeeded) and has the
+platform share each node's unpacked layers with the first node's
+(``sharedlayers.py``) before the next pulls. So this machine holds at most
+two unpacked copies of the Ray image at any moment rather than one per node,
+and the DaemonSet's pods then find every image present.
 """
 from __future__ import annotations
 
@@ -41,21 +48,59 @@ def daemonset(images: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def deploy(api_client: Any, images: Sequence[str], nodes: int, progress: Callable[[str], None]) -> None:
-    """Create the DaemonSet of ``images`` and wait until it is Ready on all ``nodes`` (every image pulled
-    onto every node)."""
+def warm_up_pod(images: Sequence[str], node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"image-warm-up-{node}", "namespace": NAMESPACE,
+                     "labels": {"app.kubernetes.io/name": "image-warm-up"}},
+        "spec": {"nodeName": node, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": f"pull-{i}", "image": image, "command": ["true"], "resources": _TINY}
+                                for i, image in enumerate(images)]},
+    }
+
+
+def _phase_and_containers(core: Any, name: str) -> tuple[str, list[str]]:
+    status = core.read_namespaced_pod(name, NAMESPACE).status
+    said = []
+    for c in status.container_statuses or []:
+        state = c.state.waiting or c.state.terminated
+        said.append(f"{c.name}: {getattr(state, 'reason', None) or 'running'} {getattr(state, 'message', '') or ''}".strip())
+    return status.phase, said
+
+
+def deploy(api_client: Any, images: Sequence[str], nodes: Sequence[str], progress: Callable[[str], None],
+           after_each_node: Callable[[], str]) -> None:
+    """Pull ``images`` onto ``nodes`` one node at a time, calling ``after_each_node`` (which says what
+    it did) once a node holds them; then create the DaemonSet of ``images`` and wait until it is Ready
+    on every node."""
     if not images:
         return
     from kubernetes import client
 
-    apps = client.AppsV1Api(api_client)
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
     began = time.monotonic()
+    for node in nodes:
+        pod = warm_up_pod(images, node)
+        name = pod["metadata"]["name"]
+        pulled_from = time.monotonic()
+        core.create_namespaced_pod(NAMESPACE, pod)
+        try:
+            phase, containers = wait_for(lambda: _phase_and_containers(core, name), lambda r: r[0] in ("Succeeded", "Failed"),
+                                         timeout=timeouts.IMAGE_PULL,
+                                         description=f"{NAMESPACE}/{name} to pull {', '.join(images)} onto {node} "
+                                                     "and run: (phase, containers' states)")
+        finally:
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+        if phase == "Failed":
+            raise RuntimeError(f"pulling {', '.join(images)} onto {node} failed: {containers}")
+        progress(f"node images pulled onto {node} in {time.monotonic() - pulled_from:.1f}s; {after_each_node()}")
     apps.create_namespaced_daemon_set(NAMESPACE, daemonset(images))
 
     def ready() -> tuple[int, int]:
         status = apps.read_namespaced_daemon_set(NAME, NAMESPACE).status
         return status.number_ready or 0, status.desired_number_scheduled or 0
-    wait_for(ready, lambda r: r[1] >= nodes and r[0] >= r[1], timeout=timeouts.IMAGE_PULL,
-             description=f"{NAMESPACE}/{NAME} Ready on {nodes} nodes, each having pulled {', '.join(images)}: "
+    wait_for(ready, lambda r: r[1] >= len(nodes) and r[0] >= r[1], timeout=timeouts.IMAGE_PULL,
+             description=f"{NAMESPACE}/{NAME} Ready on {len(nodes)} nodes, each having pulled {', '.join(images)}: "
                          "(ready, scheduled) pods")
-    progress(f"node images pre-pulled onto {nodes} nodes in {time.monotonic() - began:.1f}s: {', '.join(images)}")
+    progress(f"node images pre-pulled onto {len(nodes)} nodes in {time.monotonic() - began:.1f}s: {', '.join(images)}")
