@@ -49,6 +49,7 @@ def daemonset(images: Sequence[str]) -> dict[str, Any]:
 
 
 def warm_up_pod(images: Sequence[str], node: str) -> dict[str, Any]:
+    """A pod that pulls ``images`` onto ``node`` and ends (``true`` in each)."""
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"image-warm-up-{node}", "namespace": NAMESPACE,
@@ -65,7 +66,8 @@ def _phase_and_containers(core: Any, name: str) -> tuple[str, list[str]]:
     said = []
     for c in status.container_statuses or []:
         state = c.state.waiting or c.state.terminated
-        said.append(f"{c.name}: {getattr(state, 'reason', None) or 'running'} {getattr(state, 'message', '') or ''}".strip())
+        reason, message = getattr(state, "reason", None) or "running", getattr(state, "message", None) or ""
+        said.append(f"{c.name}: {reason} {message}".strip())
     return status.phase, said
 
 
@@ -86,10 +88,11 @@ def deploy(api_client: Any, images: Sequence[str], nodes: Sequence[str], progres
         pulled_from = time.monotonic()
         core.create_namespaced_pod(NAMESPACE, pod)
         try:
-            phase, containers = wait_for(lambda: _phase_and_containers(core, name), lambda r: r[0] in ("Succeeded", "Failed"),
-                                         timeout=timeouts.IMAGE_PULL,
-                                         description=f"{NAMESPACE}/{name} to pull {', '.join(images)} onto {node} "
-                                                     "and run: (phase, containers' states)")
+            phase, containers = wait_for(
+                lambda: _phase_and_containers(core, name), lambda seen: seen[0] in ("Succeeded", "Failed"),
+                timeout=timeouts.IMAGE_PULL,
+                description=f"{NAMESPACE}/{name} to pull {', '.join(images)} onto {node} and run: "
+                            "(phase, containers' states)")
         finally:
             core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
         if phase == "Failed":

@@ -23,8 +23,11 @@ images' snapshots is mounted (their containers ran ``true`` and ended).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -37,7 +40,7 @@ _IN_NODE_ROOT = "/var/lib/"  # the node's /var/lib is its own var-lib directory 
 @dataclass
 class Shared:
     """What :func:`share` did: files made links, the bytes that no longer take space, and what it left."""
-    snapshots: int = 0
+    snapshots: int = 0  # later nodes' snapshots whose files were compared with the first node's
     files: int = 0
     bytes: int = 0
     differing: int = 0  # files that disagreed with the first node's (left as they are)
@@ -48,7 +51,7 @@ class Shared:
             setattr(self, field, getattr(self, field) + getattr(other, field))
 
     def summary(self) -> str:
-        return (f"{self.files} files of {self.snapshots} image layers made links to the first node's, "
+        return (f"{self.files} files in {self.snapshots} snapshots made links to the first node's, "
                 f"{self.bytes / 2**30:.2f} GiB freed"
                 + (f"; {self.differing} files differed and were kept" if self.differing else "")
                 + (f"; {self.skipped_mounted} layers in use left as they are" if self.skipped_mounted else ""))
@@ -86,19 +89,24 @@ def link_identical_files(first: Path, later: Path) -> Shared:
     for directory, _subdirs, names in os.walk(later):
         for name in names:
             path = os.path.join(directory, name)
+            ours = os.lstat(path)
+            if not stat.S_ISREG(ours.st_mode):  # symbolic links, whiteouts: kept as they are
+                continue
             twin = os.path.join(first, os.path.relpath(path, later))
             try:
-                ours, theirs = os.lstat(path), os.lstat(twin)
+                theirs = os.lstat(twin)
             except FileNotFoundError:
                 done.differing += 1
                 continue
-            if not (os.path.isfile(path) and not os.path.islink(path)) or ours.st_ino == theirs.st_ino:
+            if ours.st_ino == theirs.st_ino:
                 continue
             if (ours.st_size, ours.st_mode, ours.st_uid, ours.st_gid, ours.st_mtime_ns) != \
                     (theirs.st_size, theirs.st_mode, theirs.st_uid, theirs.st_gid, theirs.st_mtime_ns):
                 done.differing += 1
                 continue
             staged = os.path.join(directory, f".rayproof-link-{name}")
+            with contextlib.suppress(FileNotFoundError):  # left by a run that was killed here
+                os.unlink(staged)
             os.link(twin, staged)
             os.replace(staged, path)
             done.files += 1
@@ -158,7 +166,7 @@ def snapshot_directories(node: Node, containerd_pid: int) -> dict[str, Path]:
     parents = set(chains.values())
     found: dict[str, Path] = {}
     for top in (key for key in chains if key not in parents):
-        view = f"rayproof-shared-layers-{os.getpid()}"
+        view = f"rayproof-shared-layers-{secrets.token_hex(4)}"
         made = node.ctr(containerd_pid, "snapshots", "--snapshotter", "overlayfs", "view", "--mounts", view, top)
         try:
             if made.returncode != 0:
