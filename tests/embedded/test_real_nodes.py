@@ -14,10 +14,11 @@ packet and stalling a connection opened before it, cluster DNS served by
 CoreDNS pods and cut by a pod's egress policy, volumes shared by every
 node or each node's own, the Redis and Ray images the platform builds (the
 pinned Ray and torch inside; the Ray image pre-pulled onto every node at
-``up``, its unpacked files then held once on the machine), KubeRay's own samples running on the nodes (one admitted through
-a team's LocalQueue); and, each on a platform of one node of its own,
-kubelet's eviction of the pod furthest over its requests when the node
-runs short of memory, and a ``down`` that leaves nothing on the machine.
+``up``, its unpacked files then held once on the machine), KubeRay's own
+samples running on the nodes (one admitted through a team's LocalQueue);
+and, each on a platform of one node of its own, kubelet's eviction of the
+pod furthest over its requests when the node runs short of memory, and a
+``down`` that leaves nothing on the machine.
 """
 from __future__ import annotations
 
