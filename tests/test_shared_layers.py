@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 from clusters.embedded.nodes import sharedlayers
 
@@ -84,3 +85,26 @@ def test_a_file_that_differs_in_size_time_or_mode_or_is_missing_on_the_first_nod
     for name in ("size", "time", "mode", "only-here"):
         assert os.stat(later / name).st_nlink == 1
     assert (later / "size").read_bytes() == b"1234"
+
+
+def test_sharing_one_nodes_pull_links_that_node_alone_to_the_first_copy(tmp_path: Path, monkeypatch) -> None:
+    """At ``up``, after node 2 pulled: node 1 holds the first copy, node 2's files become links to it,
+    and node 3's (pulled already, say) are left for its own turn."""
+    files = {"usr/bin/ray": b"ray" * 100}
+    stores = {}
+    for name in ("n1", "n2", "n3"):
+        _tree(tmp_path / name / "sha256:aaa", files)
+        stores[name] = {"sha256:aaa": tmp_path / name / "sha256:aaa"}
+    monkeypatch.setattr(sharedlayers, "snapshot_directories", lambda node, pid: stores[node.name])
+    monkeypatch.setattr(sharedlayers, "_in_use", lambda pid: set())
+    nodes = [SimpleNamespace(name=name) for name in ("n1", "n2", "n3")]
+    pids = {"n1": 1, "n2": 2, "n3": 3}
+
+    done = sharedlayers.share(nodes, pids, only="n2")
+
+    assert (done.snapshots, done.files) == (1, 1)
+    ray = Path("sha256:aaa/usr/bin/ray")
+    assert os.path.samefile(tmp_path / "n1" / ray, tmp_path / "n2" / ray)
+    assert not os.path.samefile(tmp_path / "n1" / ray, tmp_path / "n3" / ray)
+    assert sharedlayers.share(nodes, pids).files == 1  # every later node: n3's turn, n2's already shared
+    assert os.path.samefile(tmp_path / "n1" / ray, tmp_path / "n3" / ray)

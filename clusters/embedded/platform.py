@@ -278,7 +278,7 @@ class EmbeddedPlatform:
                 netpol.start(self, layer.nodes_of(self), self.progress)
             dns.deploy(self.api_client(), self.progress)
             prepull.deploy(self.api_client(), self.profile.prepull_images, [n.name for n in layer.nodes_of(self)],
-                           self.progress, after_each_node=lambda: layer.share_image_layers(self).summary())
+                           self.progress, after_each_node=lambda node: layer.share_image_layers(self, node).summary())
 
     def _start_node_agents(self) -> None:
         """The node agent: one process acting as kubelet and runtime for every node."""

@@ -667,8 +667,8 @@ def test_the_nodes_unpacked_ray_image_is_held_once_and_a_containers_write_stays_
     itself, still read what the image holds."""
     from clusters.embedded.nodes import layer, sharedlayers
 
-    pids = {rec.name: rec.pid for rec in platform.supervisor.records()}
-    stores = [sharedlayers.snapshot_directories(n, pids[f"containerd-{n.index}"]) for n in layer.nodes_of(platform)]
+    pids = layer.containerd_pids(platform)
+    stores = [sharedlayers.snapshot_directories(n, pids[n.name]) for n in layer.nodes_of(platform)]
     ray_init = "usr/local/lib/python3.11/dist-packages/ray/__init__.py"
     holding, = (key for key in stores[0].keys() & stores[1].keys() if (stores[0][key] / ray_init).exists())
     first, second = stores[0][holding], stores[1][holding]

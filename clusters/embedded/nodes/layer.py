@@ -175,8 +175,13 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     progress(f"platform {platform.name}: {len(nodes)} kubelet nodes started (containerd, runc); waiting for Ready")
 
 
-def share_image_layers(platform: "EmbeddedPlatform") -> sharedlayers.Shared:
-    """The image layers that several nodes unpacked, held once on the machine (``sharedlayers.py``)."""
-    nodes = nodes_of(platform)
+def containerd_pids(platform: "EmbeddedPlatform") -> dict[str, int]:
+    """``{node name: PID of its containerd}``."""
     pids = {rec.name: rec.pid for rec in platform.supervisor.records()}
-    return sharedlayers.share(nodes, {node.name: pids[f"containerd-{node.index}"] for node in nodes})
+    return {node.name: pids[f"containerd-{node.index}"] for node in nodes_of(platform)}
+
+
+def share_image_layers(platform: "EmbeddedPlatform", only: str | None = None) -> sharedlayers.Shared:
+    """The image layers that several nodes unpacked, held once on the machine (``sharedlayers.py``): every
+    later node's, or node ``only``'s alone."""
+    return sharedlayers.share(nodes_of(platform), containerd_pids(platform), only=only)

@@ -72,9 +72,9 @@ def _phase_and_containers(core: Any, name: str) -> tuple[str, list[str]]:
 
 
 def deploy(api_client: Any, images: Sequence[str], nodes: Sequence[str], progress: Callable[[str], None],
-           after_each_node: Callable[[], str]) -> None:
-    """Pull ``images`` onto ``nodes`` one node at a time, calling ``after_each_node`` (which says what
-    it did) once a node holds them; then create the DaemonSet of ``images`` and wait until it is Ready
+           after_each_node: Callable[[str], str]) -> None:
+    """Pull ``images`` onto ``nodes`` one node at a time, calling ``after_each_node`` with the node's
+    name (it says what it did) once the node holds them; then create the DaemonSet of ``images`` and wait until it is Ready
     on every node."""
     if not images:
         return
@@ -97,7 +97,7 @@ def deploy(api_client: Any, images: Sequence[str], nodes: Sequence[str], progres
             core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
         if phase == "Failed":
             raise RuntimeError(f"pulling {', '.join(images)} onto {node} failed: {containers}")
-        progress(f"node images pulled onto {node} in {time.monotonic() - pulled_from:.1f}s; {after_each_node()}")
+        progress(f"node images pulled onto {node} in {time.monotonic() - pulled_from:.1f}s; {after_each_node(node)}")
     apps.create_namespaced_daemon_set(NAMESPACE, daemonset(images))
 
     def ready() -> tuple[int, int]:

@@ -28,7 +28,7 @@ import json
 import os
 import secrets
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -47,8 +47,8 @@ class Shared:
     skipped_mounted: int = 0
 
     def add(self, other: "Shared") -> None:
-        for field in ("snapshots", "files", "bytes", "differing", "skipped_mounted"):
-            setattr(self, field, getattr(self, field) + getattr(other, field))
+        for field in fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
     def summary(self) -> str:
         return (f"{self.files} files in {self.snapshots} snapshots made links to the first node's, "
@@ -184,18 +184,24 @@ def snapshot_directories(node: Node, containerd_pid: int) -> dict[str, Path]:
     return found
 
 
-def share(nodes: Iterable[Node], containerd_pids: Mapping[str, int]) -> Shared:
-    """Link the files of every snapshot that several nodes hold to the first node's copy."""
+def share(nodes: Iterable[Node], containerd_pids: Mapping[str, int], *, only: str | None = None) -> Shared:
+    """Link the files of every snapshot that several nodes hold to the first node's copy: those of every
+    later node, or of node ``only`` alone (the nodes before it then only say where the first copies are)."""
     first_of: dict[str, Path] = {}
     done = Shared()
     for node in nodes:
         pid = containerd_pids[node.name]
-        in_use = _in_use(pid)
+        linking = only in (None, node.name)
+        in_use = _in_use(pid) if linking else set()
         for key, directory in snapshot_directories(node, pid).items():
             if key not in first_of:
                 first_of[key] = directory
+            elif not linking:
+                continue
             elif _identity(str(directory)) in in_use:
                 done.skipped_mounted += 1
             else:
                 done.add(link_identical_files(first_of[key], directory))
+        if node.name == only:
+            break
     return done
