@@ -16,3 +16,13 @@ _CLAUSE_MARK = re.compile(r'^@pytest\.mark\.clause\(\s*"([^"]+)"\s*\)', re.MULTI
 def catalogue() -> list[str]:
     """Every clause id under ``conformance/``, sorted."""
     return sorted({cid for path in CONFORMANCE.rglob("test_*.py") for cid in _CLAUSE_MARK.findall(path.read_text())})
+
+
+_CLAUSE_TEST = re.compile(r'^@pytest\.mark\.clause\(\s*"([^"]+)"\s*\)\n(?:[#@].*\n)*def (test_\w+)', re.MULTILINE)
+
+
+def clause_tests() -> dict[str, str]:
+    """Every clause id and the pytest node id of its test (``conformance/<family>/test_x.py::test_y``)."""
+    root = CONFORMANCE.parent
+    return {cid: f"{path.relative_to(root)}::{fn}" for path in sorted(CONFORMANCE.rglob("test_*.py"))
+            for cid, fn in _CLAUSE_TEST.findall(path.read_text())}

@@ -599,16 +599,18 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("bench", help=cmd_bench.__doc__)
-    p.add_argument("name", choices=["training", "certification", "interruptions", "nodes"],
+    p.add_argument("name", choices=["training", "certification", "interruptions", "nodes", "mutants"],
                    help="training: step, checkpoint and restart figures on a local Ray cluster; certification: "
                         "a certify run's wall time and where this machine's CPU went; interruptions: certify "
                         "interrupted N times at random points, and what each left after the next start's sweep; "
                         "nodes: the embedded platform's warm up and down times and its node layer's idle CPU and "
-                        "memory")
+                        "memory; mutants: the kill matrix of the mutation catalogue (each one-change broken "
+                        "reference platform against the clauses it must fail)")
     p.add_argument("options", nargs=argparse.REMAINDER,
                    help="certification: certify's options (-k, --kubeconfig, --profile, ...), or with --runtimes "
                         "agent,kubelet those of an embedded certification per node runtime, side by side; "
-                        "interruptions: --runs N, --seed S, -k EXPR; nodes: --runs N, --idle-s S")
+                        "interruptions: --runs N, --seed S, -k EXPR; nodes: --runs N, --idle-s S; mutants: "
+                        "--clause ID, --id ENTRY, --platform-profile FILE, --out DIR")
     p.set_defaults(func=cmd_bench)
 
     for name, text in (("up", "start the embedded Kubernetes platform (idempotent); prints the kubeconfig"),

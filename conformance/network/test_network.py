@@ -15,6 +15,9 @@ from conformance.training_jobs import (
     require_timeout_within,
     training_rayjob,
 )
+from fixtures import manifests as mf
+from fixtures.kube import pod_ready
+from fixtures.netprobe import port_probe_result, start_port_probe
 from fixtures.plugin import NOT_APPLICABLE
 from rayproof import timeouts
 from rayproof.cost import record_idle_cost
@@ -112,15 +115,38 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
                                           "gang's GPUs")
 
 
+def worker_reached_from(lab, ns: str, other_ns: str, evidence) -> tuple[dict, dict]:
+    """Start a RayCluster from the golden template with one worker in
+    ``ns``; a pod of ``ns`` and a pod of ``other_ns`` each try the worker's
+    fixed Ray ports at once. Returns (own namespace's probe, the other's);
+    the cluster is deleted before it returns."""
+    name = lab.name("net2-ports")
+    lab.create_ray(ns, "rayclusters", lab.raycluster(ns, name, workers=1))
+    worker = wait_for(lambda: [p for p in lab.pods(ns, f"ray.io/cluster={name},ray.io/node-type=worker")
+                               if pod_ready(p)],
+                      timeout=timeouts.RAYCLUSTER_READY, interval=2,
+                      description=f"the worker of RayCluster {ns}/{name} to be Ready")[0]
+    ip = worker.status.pod_ip
+    own, other = (start_port_probe(lab, n, ip, list(mf.WORKER_PORTS)) for n in (ns, other_ns))
+    own, other = port_probe_result(lab, ns, own), port_probe_result(lab, other_ns, other)
+    evidence.record("worker_ports", {"worker": worker.metadata.name, "ip": ip, "from_own_namespace": own,
+                                     "from_other_namespace": other})
+    lab.custom.delete_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", name)
+    return own, other
+
+
 @pytest.mark.clause("NET-2")
 def test_platform_worker_policy_lets_training_run(lab, network_policy_enforcement, evidence) -> None:
     """Under the NetworkPolicies the platform's onboarding puts in a team
     namespace (on the reference platform the design's worker policy:
     default-deny ingress into Ray workers except from the same namespace --
     GCS, object manager, collectives -- and metrics from the monitoring
-    namespace), a training RayJob MUST succeed, and a policy MUST select its
-    worker pods (a namespace nothing locks down shows nothing): the positive
-    control for NET-1."""
+    namespace), a training RayJob MUST succeed, a policy MUST select its
+    worker pods (a namespace nothing locks down shows nothing), and that
+    policy MUST keep other namespaces out: a pod of another team's namespace
+    MUST open none of a Ray worker's fixed ports (metrics 8080, dashboard
+    agent 52365) that a pod of the worker's own namespace opens in the same
+    window (the probe's control). The positive control for NET-1."""
     require_enforcement(network_policy_enforcement, evidence)
     ns = lab.namespace("a", gpus=gang_gpus(lab))
     name = lab.name("net2")
@@ -146,6 +172,17 @@ def test_platform_worker_policy_lets_training_run(lab, network_policy_enforcemen
         f"no NetworkPolicy of the platform selects the Ray worker pods of team namespace {ns} (policies there: "
         f"{sorted(p.metadata.name for p in policies) or 'none'}): the workers accept traffic from anywhere, so "
         "the platform documents no worker policy for the training to be checked under")
+    with evidence.phase("isolation"):
+        own, other = worker_reached_from(lab, ns, lab.namespace("b"), evidence)
+    reached = sorted(p for p, seen in own["ports"].items() if seen["open"])
+    assert reached, (
+        f"a pod of the worker's own namespace {ns} opened none of its ports {list(mf.WORKER_PORTS)} within "
+        f"{own['window_s']:g} s, so the probe shows nothing about what the policy keeps out: {own['ports']}")
+    let_in = [p for p in reached if other["ports"][p]["open"]]
+    assert not let_in, (
+        f"a pod of another team's namespace {other['namespace']} opened the Ray worker's ports {let_in} under the "
+        f"platform's worker policies ({', '.join(selecting)}): the workers accept connections from other "
+        "namespaces, so the policy selects them and keeps nothing out")
 
 
 @pytest.mark.clause("NET-4")

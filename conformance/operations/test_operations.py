@@ -12,8 +12,9 @@ from conformance.training_jobs import gang_gpus
 from fixtures import manifests as mf
 from fixtures.exposure import exposed_endpoints, probe_endpoints, tenant_names_hashed
 from fixtures.kube import pod_ready
-from fixtures.netprobe import ray_join_attempt, ray_nodes_seen_from
+from fixtures.netprobe import port_probe_result, ray_join_attempt, ray_nodes_seen_from, start_port_probe
 from rayproof import kueue, timeouts
+from rayproof.profile import cluster_spec_in
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
 
@@ -25,6 +26,11 @@ TEARDOWN_OVERRUN_S = 30
 # control's join time (at least the minimum) has passed since it was created.
 FOREIGN_JOIN_FACTOR = 5
 FOREIGN_JOIN_MIN_S = 60
+# SEC-2's probes from team B: a plain pod, and one wearing the KubeRay
+# operator's pod label (a label any tenant can put on its own pod).
+OPERATOR_LABEL = {"app.kubernetes.io/name": "kuberay-operator"}
+PORT_NAMES = {mf.GCS_PORT: "GCS", mf.DASHBOARD_PORT: "dashboard and Jobs API", mf.CLIENT_PORT: "Ray client"}
+
 def _gpu_reserved(cq: dict) -> float:
     total = 0.0
     for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
@@ -82,6 +88,10 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
         "its GPUs stayed held by an idle cluster")
 
 
+# SEC-1's RayService serves nothing: only its head and its Services are looked at.
+NO_APPLICATIONS = "applications: []\n"
+
+
 def _unauthenticated(probe: dict) -> str | None:
     """Why a probed address lets anyone in, or None: a connect to the GCS or
     client port is enough; the dashboard counts unless it answered 401/403."""
@@ -96,22 +106,27 @@ def _unauthenticated(probe: dict) -> str | None:
 def test_ray_dashboard_not_exposed_without_authentication(lab, evidence, request) -> None:
     """Ray's dashboard/Jobs API (8265), client port (10001) and GCS (6379)
     MUST NOT be reachable from outside the cluster without authentication: a
-    RayCluster from the platform's golden template is started, and every
-    address the cluster reports for a Ray control port of any Service (node
-    addresses at NodePorts, LoadBalancer addresses, externalIPs, Ingress
-    hosts) is probed from the certifying host, outside the pod network; none
-    may accept a connection (the dashboard may answer only 401 or 403)."""
+    RayCluster and a RayService, each from the platform's golden template,
+    are started, and every address the cluster reports for a Ray control port
+    of any Service (node addresses at NodePorts, LoadBalancer addresses,
+    externalIPs, Ingress hosts) is probed from the certifying host, outside
+    the pod network; none may accept a connection (the dashboard may answer
+    only 401 or 403)."""
     ns = lab.namespace("a")
-    name = lab.name("sec1")
+    name, service = lab.name("sec1"), lab.name("sec1-serve")
     cluster = lab.raycluster(ns, name, workers=0)
-    evidence.record("head_service_type", cluster["spec"]["headGroupSpec"].get("serviceType", "ClusterIP (default)"))
+    # Every golden template that makes a head: each has its own head Service settings.
+    rayservice = lab.rayservice(ns, service, NO_APPLICATIONS, workers=0)
+    evidence.record("head_service_type", {kind: cluster_spec_in(obj)["headGroupSpec"].get("serviceType",
+                                                                                            "ClusterIP (default)")
+                                          for kind, obj in (("rayCluster", cluster), ("rayService", rayservice))})
     lab.create_ray(ns, "rayclusters", cluster)
-    # Probed once the head serves, so a Service exposing it has a ready endpoint to reach.
-    wait_for(lambda: lab.pods(ns, f"ray.io/cluster={name},ray.io/node-type=head"), lambda pods: any(map(pod_ready, pods)),
+    lab.create_ray(ns, "rayservices", rayservice)
+    # Probed once the heads serve, so a Service exposing one has a ready endpoint to reach.
+    wait_for(lambda: lab.pods(ns, "ray.io/node-type=head"), lambda pods: sum(map(pod_ready, pods)) >= 2,
              timeout=timeouts.RAYCLUSTER_READY, interval=2,
-             description=f"the head of RayCluster {ns}/{name} to be Ready")
-    head_svc = [s for s in lab.core.list_namespaced_service(ns).items
-                if (s.metadata.labels or {}).get("ray.io/cluster") == name]
+             description=f"the heads of RayCluster {ns}/{name} and RayService {ns}/{service} to be Ready")
+    head_svc = [s for s in lab.core.list_namespaced_service(ns).items if (s.metadata.labels or {}).get("ray.io/cluster")]
     evidence.record("head_services", [{"name": s.metadata.name, "type": s.spec.type,
                                        "ports": [p.port for p in s.spec.ports or []]} for s in head_svc])
     endpoints = exposed_endpoints(lab.core, lab.net)
@@ -130,9 +145,13 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     B's namespace MUST be refused by the GCS of team A's RayCluster (from the
     platform's golden template, in a namespace its onboarding provisioned) and
     never join it, while the same node started in team A's own namespace joins
-    (the probe's control), and team A's GCS MUST list only nodes that are pods
-    of team A's namespace. What keeps them apart is the platform's (its
-    NetworkPolicies, Ray authentication); the policies are recorded."""
+    (the probe's control); a pod of team B's namespace, whether plain or
+    wearing the KubeRay operator's pod label, MUST open none of the head's
+    Ray ports (GCS 6379, dashboard and Jobs API 8265, client 10001) that a
+    pod of team A's namespace opens in the same window; and team A's GCS MUST
+    list only nodes that are pods of team A's namespace. What keeps them apart
+    is the platform's (its NetworkPolicies, Ray authentication); the policies
+    are recorded."""
     ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
     cluster = lab.name("team-a")
     evidence.record("policies", {ns: [p.metadata.name for p in lab.net.list_namespaced_network_policy(ns).items]
@@ -150,6 +169,12 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
         gcs = f"{host}:{mf.GCS_PORT}"
         evidence.record("team_a_head", {"pod": head.metadata.name, "ip": head.status.pod_ip, "service": host})
     with evidence.phase("join attempts"):
+        # Every Ray port of the head, tried from both namespaces while the joins run.
+        ports, ip = list(mf.HEAD_PORTS), head.status.pod_ip
+        probes = {"from_own_namespace": (ns_a, start_port_probe(lab, ns_a, ip, ports)),
+                  "from_other_namespace": (ns_b, start_port_probe(lab, ns_b, ip, ports)),
+                  "from_other_namespace_as_the_operator": (ns_b, start_port_probe(lab, ns_b, ip, ports,
+                                                                                  labels=OPERATOR_LABEL))}
         control = evidence.record("join_from_own_namespace",
                                   ray_join_attempt(lab, ns_a, lab.name("join-own"), gcs))
         assert control["joined"], (
@@ -160,6 +185,8 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
         foreign = evidence.record("join_from_other_namespace", ray_join_attempt(
             lab, ns_b, lab.name("join-foreign"), gcs,
             refused_for_s=max(FOREIGN_JOIN_MIN_S, FOREIGN_JOIN_FACTOR * control["seconds"])))
+        seen = evidence.record("head_ports", {"ip": ip, **{k: port_probe_result(lab, n, pod)
+                                                             for k, (n, pod) in probes.items()}})
     with evidence.phase("team A's view"):
         nodes = evidence.record("team_a_gcs_nodes", ray_nodes_seen_from(lab, ns_a, f"{host}:{mf.DASHBOARD_PORT}"))
         team_a_ips = {p.status.pod_ip for p in lab.pods(ns_a) if p.status.pod_ip}
@@ -171,4 +198,15 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     assert foreign["refused"], (
         f"the Ray node started in team B's namespace {ns_b} neither joined team A's GCS nor showed a refused "
         f"connection within {timeouts.RAY_JOIN.seconds:g} s, so isolation was not shown: {foreign}")
+    reached = [p for p, o in seen["from_own_namespace"]["ports"].items() if o["open"]]
+    assert reached, (f"a pod of team A's own namespace {ns_a} opened none of its head's ports {ports} at {ip}, so the "
+                     f"probe shows nothing about isolation: {seen['from_own_namespace']['ports']}")
+    let_in = {who: [p for p in reached if seen[who]["ports"][p]["open"]]
+              for who in ("from_other_namespace", "from_other_namespace_as_the_operator")}
+    assert not any(let_in.values()), (
+        "team A's head is reachable from team B's namespace: " + "; ".join(
+            f"{', '.join(PORT_NAMES.get(p, str(p)) + f' ({p})' for p in found)} opened by a pod of {ns_b}"
+            f"{' wearing the label ' + str(OPERATOR_LABEL) if 'operator' in who else ''}"
+            for who, found in let_in.items() if found)
+        + " (no NetworkPolicy or Ray authentication of the platform keeps other namespaces away from the head)")
     assert not strangers, f"team A's GCS lists live nodes that are not pods of {ns_a}: {strangers}"

@@ -46,7 +46,7 @@ def test_upg1_fails_when_the_upgrade_recreates_the_crds(crd_recreating_platform,
     # a shorter one only shortens how long the run looks.
     row = run_clause(tmp_path, "conformance/upgrade/test_upgrade.py::test_operator_upgrade_keeps_serving_and_training",
                      platform=name, platform_profile=platform_profile, options=("--upgrade-to", pinned),
-                     bounds={timeouts.OBJECT_DELETE: 60})
+                     bounds={timeouts.OBJECT_DELETE.name: 60})
     expect_failure(row, "right after the operator upgrade the Ray objects of the running workloads were not kept")
     deleted = re.search(r"deleted \[([^\]]*)\]", row["message"])
     assert deleted and "RayJob " in deleted[1] and "RayService " in deleted[1], (

@@ -1,0 +1,264 @@
+"""The kill matrix: every entry of the mutation catalogue against the clauses it must fail.
+
+Run with ``bin/rayproof bench mutants [--clause ID ...] [--id ENTRY ...]
+[--platform-profile FILE] [--out DIR]``. For each entry of
+``clusters/embedded/mutations/catalogue.yaml`` (or those naming the given
+clauses or ids) it puts the one change on a reference platform and runs each
+clause the entry must fail, exactly as ``rayproof certify`` runs it (a
+pytest subprocess). Each (entry, clause) ends as:
+
+* ``killed``: the clause failed and its message names the entry's cause;
+* ``other cause``: it failed, or errored, for something else;
+* ``survived``: it passed (or was not applicable) on the broken platform,
+  a suite bug unless the entry is shown not to break the clause's MUST.
+
+Entries that change a golden template, an onboarding class or the
+certification profile share one platform with the default settings
+(``mutbase``); each entry that changes the platform's own settings gets a
+platform of its own (``mutplat``), taken down before the next. Progress is
+printed as each row ends, and each row is appended to ``DIR/rows.jsonl``
+(default ``out/mutants-<UTC time>``) with the run's output beside it, so an
+interrupted run (Ctrl-C) keeps its finished rows: the matrix printed then is
+of those, and the platform is taken down. It exits 0 when every row was
+killed, 1 otherwise, 2 on bad input, 130 interrupted. It asserts nothing
+about time; the time each row took is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import yaml
+
+from benchmarks import machine
+from clusters.embedded.mutations import CatalogueError, Mutation, TEMPLATE_FILES, load
+from rayproof import processes, timeouts
+from rayproof.catalogue import clause_tests
+from rayproof.schema import merged
+from rayproof.timeouts import Tier
+
+REPO = Path(__file__).resolve().parents[1]
+BASE_PLATFORM, OWN_PLATFORM = "mutbase", "mutplat"  # neither name a prefix of the other's resources
+KILLED, OTHER_CAUSE, SURVIVED = "killed", "other cause", "survived"
+
+# How long a nested clause run may take to reach its fault. On two cores,
+# beside the clauses on the session's platform and the runtime tier, the gang
+# of a self-test's training was evicted twice by Kueue's 120 s
+# waitForPodsReady before its first checkpoint (TRN-1's self-test, this
+# machine, 2026-12-02: the process group formed 15 min after submission), so
+# its wait for a checkpoint (training_run, 600 s) ran out before the fault.
+# This sets only how long the run may take to get there, never what the
+# clause judges.
+NESTED_TRAINING_RUN_S = 2 * timeouts.TRAINING_RUN.seconds
+# One clause run, platform start included, on two cores, after waiting for
+# its clause's share of the platform and a host slot.
+CLAUSE_RUN = Tier("selftest_clause_run", NESTED_TRAINING_RUN_S + 600 + timeouts.CLUSTER_SHARE.seconds,
+                  "one clause run in a subprocess")
+
+
+def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
+               platform_profile: Path | str | None = None, bounds: dict[str, float] | None = None,
+               options: Sequence[str] = ()) -> dict[str, Any]:
+    """Run one clause (``path::test``) as certify does, with pytest
+    ``options`` (certify's own, e.g. ``--upgrade-to``); return its result row
+    with the run's output. ``bounds`` (timeout tier name: seconds) shortens
+    waits the broken platform is known to wait out in full (a RayJob that
+    never settles): how long the run looks, never what it judges."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = workdir / "results.json"
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
+            "--rootdir", str(REPO), str(REPO / test), "-q", f"--rayproof-results={results}"]
+    if profile:
+        path = workdir / "profile.yaml"
+        path.write_text(yaml.safe_dump(profile))
+        argv += ["--profile", str(path)]
+    if platform is not None:
+        argv += ["--platform-name", platform]
+    if platform_profile is not None:
+        argv += ["--platform-profile", str(platform_profile)]
+    argv += options
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLAUSE_RUN.seconds,
+                          env={"RAYPROOF_TIMEOUT_TRAINING_RUN": str(NESTED_TRAINING_RUN_S), **os.environ,
+                               **{f"{timeouts.OVERRIDE_PREFIX}{t.upper()}": f"{s:g}" for t, s in (bounds or {}).items()},
+                               processes.DIE_WITH_PARENT_ENV: str(os.getpid())})
+    (workdir / "run.log").write_text(proc.stdout + proc.stderr)
+    assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
+    assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
+    return {**rows[-1], "output": proc.stdout}
+
+
+def verdict(row: dict[str, Any], causes: Sequence[str]) -> str:
+    """``killed`` where the clause failed naming one of ``causes``; else ``other cause`` or ``survived``."""
+    if row["outcome"] in ("passed", "not_applicable"):
+        return SURVIVED
+    named = any(c.lower() in (row.get("message") or "").lower() for c in causes)
+    return KILLED if row["outcome"] == "failed" and named else OTHER_CAUSE
+
+
+def template_profile(mutation: Mutation, directory: Path) -> dict[str, Any]:
+    """The certification profile pointing the entry's golden template at a changed copy in ``directory``."""
+    name, obj = mutation.template()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"mutated-{TEMPLATE_FILES[name]}"
+    path.write_text(yaml.safe_dump(obj, sort_keys=False))
+    return {"templates": {name: str(path)}}
+
+
+def installed_onboarding_class(api: Any, mutation: Mutation) -> tuple[dict[str, Any], Callable[[], None]]:
+    """Install, as the platform's operators would, the reference onboarding
+    class with the entry's change; returns the profile pointing teams at it
+    and what removes it."""
+    from kubernetes import client
+
+    from clusters.embedded.onboarding.controller import (CLASS_LABEL, CLASSES_NAMESPACE, Onboarding,
+                                                          class_configmap_name)
+
+    cls = f"mut-{mutation.id}"[:50].rstrip("-")
+    Onboarding(api).install_classes({cls: yaml.safe_dump_all(mutation.onboarding_class(), sort_keys=False)})
+
+    def remove() -> None:
+        try:
+            client.CoreV1Api(api).delete_namespaced_config_map(class_configmap_name(cls), CLASSES_NAMESPACE)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+    return {"teams": {"namespaceLabels": {CLASS_LABEL: cls}}}, remove
+
+
+def profile_on(api: Any, mutation: Mutation, directory: Path) -> tuple[dict[str, Any], Callable[[], None]]:
+    """The certification profile that puts ``mutation`` in force on the
+    platform of ``api`` (a changed template, an installed class, or the
+    entry's own profile), and what undoes what it installed."""
+    if mutation.kind == "template":
+        return merged(mutation.profile(), template_profile(mutation, directory)), lambda: None
+    if mutation.kind == "onboarding":
+        return installed_onboarding_class(api, mutation)
+    return mutation.profile(), lambda: None
+
+
+@contextlib.contextmanager
+def _platform(name: str, overlay: dict[str, Any], base: dict[str, Any], directory: Path,
+              say: Callable[[str], None]) -> Iterator[tuple[Any, Path]]:
+    from clusters.embedded.target import EmbeddedTarget
+    from fixtures.sharing import host_slot
+
+    path = directory / f"{name}-platform-profile.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(merged(base, overlay)))
+    with host_slot():
+        target = EmbeddedTarget.start(name=name, profile=path, progress=say)
+        try:
+            yield target, path
+        finally:
+            target.close()
+
+
+def matrix(rows: list[dict[str, Any]]) -> str:
+    """The kill matrix, entry by clause, with the kill rate and the time taken."""
+    clauses = sorted({r["clause"] for r in rows})
+    entries = list(dict.fromkeys(r["mutation"] for r in rows))
+    cell = {(r["mutation"], r["clause"]): r for r in rows}
+    mark = {KILLED: "killed", OTHER_CAUSE: "OTHER", SURVIVED: "SURVIVED"}
+    width = max([len(e) for e in entries] + [8])
+    lines = [f"{'mutation':{width}s}  " + "  ".join(f"{c:8s}" for c in clauses)]
+    for e in entries:
+        lines.append(f"{e:{width}s}  " + "  ".join(
+            f"{mark[cell[(e, c)]['verdict']] if (e, c) in cell else '':8s}" for c in clauses))
+    killed = sum(r["verdict"] == KILLED for r in rows)
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in (KILLED, OTHER_CAUSE, SURVIVED)}
+    took = sum(r["seconds"] for r in rows)
+    lines.append(f"kill rate {killed}/{len(rows)} ({killed / len(rows):.0%}); " if rows else "no rows; ")
+    lines[-1] += (f"{counts[OTHER_CAUSE]} failed for another cause, {counts[SURVIVED]} survived; "
+                  f"clause runs {took:.0f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rayproof bench mutants", description=__doc__.split("\n")[0])
+    parser.add_argument("--clause", action="append", default=[], help="only entries that must fail this clause "
+                                                                      "(repeatable), and only that clause of them")
+    parser.add_argument("--id", action="append", default=[], help="only this catalogue entry (repeatable)")
+    parser.add_argument("--platform-profile", help="the platforms' profile under each change (default: the "
+                                                   "reference platform's)")
+    parser.add_argument("--out", help="where rows.jsonl, matrix.txt and each run's output go "
+                                      "(default: out/mutants-<UTC time>)")
+    args = parser.parse_args(argv)
+    try:
+        entries = load()
+    except CatalogueError as exc:
+        print(f"rayproof bench mutants: the catalogue does not fit the reference platform: {exc}", file=sys.stderr)
+        return 2
+    tests = clause_tests()
+    unknown = sorted(set(args.clause) - set(tests)) + sorted(set(args.id) - {m.id for m in entries})
+    if unknown:
+        parser.error(f"unknown clause or entry: {', '.join(unknown)}")
+    chosen = [(m, c) for m in entries if not args.id or m.id in args.id
+              for c in m.clauses if not args.clause or c in args.clause]
+    if not chosen:
+        parser.error("no catalogue entry matches")
+    base = yaml.safe_load(Path(args.platform_profile).read_text()) or {} if args.platform_profile else {}
+    out = Path(args.out or REPO / "out" / f"mutants-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
+    if out.exists() and any(out.iterdir()):
+        parser.error(f"--out {out} is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(message: str) -> None:
+        print(f"rayproof bench: {message}", file=sys.stderr, flush=True)
+
+    rows: list[dict[str, Any]] = []
+    began = time.monotonic()
+
+    def run_rows(pairs: list[tuple[Mutation, str]], platform: Any, platform_profile: Path) -> None:
+        for m, clause in pairs:
+            workdir = out / m.id / clause
+            profile, undo = profile_on(platform.api_client(), m, workdir / "golden")
+            t0 = time.monotonic()
+            try:
+                row = run_clause(workdir, tests[clause], profile=profile, platform=platform.name,
+                                 platform_profile=platform_profile, bounds=m.bounds)
+            except (AssertionError, subprocess.TimeoutExpired) as exc:
+                row = {"outcome": "error", "message": f"the clause run did not report: {str(exc)[:800]}"}
+            finally:
+                undo()
+            result = {"mutation": m.id, "clause": clause, "verdict": verdict(row, m.expect[clause]),
+                      "outcome": row["outcome"], "seconds": round(time.monotonic() - t0, 1),
+                      "message": (row.get("message") or "")[:1500], "causes": list(m.expect[clause])}
+            rows.append(result)
+            with (out / "rows.jsonl").open("a") as f:
+                f.write(json.dumps(result) + "\n")
+            say(f"[{len(rows)}/{len(chosen)}] {m.id} x {clause}: {result['verdict']} ({result['outcome']}, "
+                f"{result['seconds']:.0f} s)")
+
+    shared = [(m, c) for m, c in chosen if not m.needs_own_platform()]
+    own = [m for m in dict.fromkeys(m for m, _ in chosen if m.needs_own_platform())]
+    say(f"{len(chosen)} rows: {len(shared)} on one reference platform, {len(chosen) - len(shared)} on "
+        f"{len(own)} platforms of their own; results in {out}")
+    interrupted = False
+    try:
+        if shared:
+            with _platform(BASE_PLATFORM, {}, base, out, say) as (target, path):
+                run_rows(shared, target.platform, path)
+        for m in own:
+            say(f"platform with {m.id}: {json.dumps(m.platform_profile())}")
+            with _platform(OWN_PLATFORM, m.platform_profile(), base, out, say) as (target, path):
+                run_rows([(x, c) for x, c in chosen if x is m], target.platform, path)
+    except KeyboardInterrupt:
+        interrupted = True
+        say(f"interrupted; the matrix below is of the {len(rows)} rows that finished")
+    table = matrix(rows)
+    (out / "matrix.txt").write_text(table + "\n")
+    print(json.dumps({"benchmark": "mutants", "machine": machine(), "rows": rows,
+                      "wall_s": round(time.monotonic() - began, 1), "interrupted": interrupted}, indent=1))
+    print(table)
+    if interrupted:
+        return 130
+    return 0 if rows and all(r["verdict"] == KILLED for r in rows) else 1

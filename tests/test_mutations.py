@@ -1,0 +1,113 @@
+"""The mutation catalogue: every entry fits the reference platform, and the kill matrix is read as stated."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from benchmarks import mutants
+from clusters.embedded import mutations
+from clusters.embedded.mutations import CatalogueError, apply_edit
+from rayproof.catalogue import catalogue, clause_tests
+
+
+def test_every_entry_loads_and_names_clauses_of_the_catalogue():
+    entries = mutations.load()
+    assert len({m.id for m in entries}) == len(entries)
+    assert {c for m in entries for c in m.clauses} <= set(catalogue())
+    assert all(m.summary and all(m.expect.values()) for m in entries), "an entry without a summary or a cause"
+
+
+def test_each_clause_has_at_most_one_self_test_entry():
+    owners: dict[str, list[str]] = {}
+    for m in mutations.load():
+        for clause in m.selftest:
+            owners.setdefault(clause, []).append(m.id)
+    assert {c: ids for c, ids in owners.items() if len(ids) > 1} == {}
+
+
+def test_clause_tests_are_the_collected_clause_functions():
+    tests = clause_tests()
+    assert sorted(tests) == catalogue()
+    assert tests["NET-2"] == "conformance/network/test_network.py::test_platform_worker_policy_lets_training_run"
+
+
+def test_template_edits_change_only_what_they_name():
+    m = mutations.entry("collective-timeout-left-at-ray-trains-default")
+    name, obj = m.template()
+    original = yaml.safe_load((mutations.GOLDEN / "rayjob.yaml").read_text())
+    envs = [c["env"] for g in (obj["spec"]["rayClusterSpec"]["headGroupSpec"],
+                               *obj["spec"]["rayClusterSpec"]["workerGroupSpecs"])
+            for c in g["template"]["spec"]["containers"]]
+    assert name == "rayJob" and envs and all("COLLECTIVE_TIMEOUT_S" not in {e["name"] for e in env} for env in envs)
+    assert all("RAY_USAGE_STATS_ENABLED" in {e["name"] for e in env} for env in envs)
+    for spec in (obj, original):  # the rest is the reference template as it was
+        for g in (spec["spec"]["rayClusterSpec"]["headGroupSpec"], *spec["spec"]["rayClusterSpec"]["workerGroupSpecs"]):
+            for c in g["template"]["spec"]["containers"]:
+                c.pop("env")
+    assert obj == original
+
+
+def test_onboarding_edits_and_deletions():
+    docs = mutations.entry("heads-left-open-to-other-namespaces").onboarding_class()
+    assert "ray-head-isolation" not in {d["metadata"]["name"] for d in docs}
+    docs = mutations.entry("worker-policy-admits-everything").onboarding_class()
+    assert next(d for d in docs if d["metadata"]["name"] == "ray-workers")["spec"]["ingress"] == [{}]
+    docs = mutations.entry("queues-never-preempt").onboarding_class()
+    assert next(d for d in docs if d["kind"] == "ClusterQueue")["spec"]["preemption"]["withinClusterQueue"] == "Never"
+
+
+def test_an_edit_that_matches_nothing_is_an_error():
+    obj = {"kind": "RayCluster", "spec": {"workerGroupSpecs": [{"name": "a"}]}}
+    with pytest.raises(CatalogueError, match="matches nothing"):
+        apply_edit(copy.deepcopy(obj), {"remove": "spec.workerGroupSpecs[name=b]"}, what="test")
+    with pytest.raises(CatalogueError, match="matches nothing"):
+        apply_edit(copy.deepcopy(obj), {"remove": "cluster.headGroupSpec.serviceType"}, what="test")
+    changed = copy.deepcopy(obj)
+    apply_edit(changed, {"set": "spec.workerGroupSpecs[0].replicas", "value": 3}, what="test")
+    assert changed["spec"]["workerGroupSpecs"] == [{"name": "a", "replicas": 3}]
+
+
+def test_a_catalogue_that_does_not_fit_is_refused(tmp_path):
+    bad = tmp_path / "catalogue.yaml"
+    bad.write_text(yaml.safe_dump([{"id": "x", "summary": "s", "expect": {"NOPE-1": "c"},
+                                    "change": {"profile": {"a": 1}}}]))
+    with pytest.raises(CatalogueError, match="NOPE-1"):
+        mutations.load(bad)
+    bad.write_text(yaml.safe_dump([{"id": "x", "summary": "s", "expect": {"SEC-1": "c"},
+                                    "change": {"template": "rayCluster", "profile": {}, "edits": []}}]))
+    with pytest.raises(CatalogueError, match="change must be one of"):
+        mutations.load(bad)
+
+
+@pytest.mark.parametrize(("outcome", "message", "expected"), [
+    ("failed", "the workers accept connections from other namespaces", mutants.KILLED),
+    ("failed", "the driver did not start", mutants.OTHER_CAUSE),
+    ("error", "accept connections from other namespaces", mutants.OTHER_CAUSE),
+    ("passed", "", mutants.SURVIVED),
+    ("not_applicable", "the cluster does not enforce", mutants.SURVIVED),
+])
+def test_verdict(outcome, message, expected):
+    assert mutants.verdict({"outcome": outcome, "message": message},
+                           ("accept connections from other namespaces",)) == expected
+
+
+def test_matrix_counts_kills_and_survivors():
+    rows = [{"mutation": "a", "clause": "NET-2", "verdict": mutants.KILLED, "seconds": 10.0},
+            {"mutation": "b", "clause": "SEC-1", "verdict": mutants.SURVIVED, "seconds": 5.0}]
+    table = mutants.matrix(rows)
+    assert "kill rate 1/2 (50%)" in table and "1 survived" in table and "SURVIVED" in table, table
+
+
+def test_bench_mutants_refuses_bad_input_before_starting_anything(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        mutants.main(["--clause", "NOPE-9", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "NOPE-9" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        mutants.main(["--id", "queues-never-preempt", "--out", str(tmp_path / "full")])
+    assert exc.value.code == 2 and not (tmp_path / "o").exists()
+    json.dumps(mutants.matrix([]))  # an empty run still prints a matrix
