@@ -38,6 +38,9 @@ class Rule:
     resources: tuple[str, ...]  # "pods/log" for a subresource
     verbs: tuple[str, ...]
     why: str
+    names: tuple[str, ...] = ()  # resourceNames: only these objects
+    # Not required by preflight: without it the certificate says what it took on trust.
+    optional: bool = False
 
 
 RULES = (
@@ -75,13 +78,20 @@ RULES = (
     Rule("kueue.x-k8s.io", ("clusterqueues", "localqueues", "workloadpriorityclasses"), ("get",),
          "the platform's queues and priorities, read and never set"),
     Rule("kueue.x-k8s.io", ("workloads",), ("list",), "admission of the suite's RayJobs, sampled"),
+    Rule("", ("configmaps",), ("get",),
+         "Kueue's live Configuration (kueue-system/kueue-manager-config, where an upstream install keeps it), "
+         "compared with the waitForPodsReady the profile promises; without it that promise is taken on trust",
+         names=("kueue-manager-config",), optional=True),
 )
 
 
-def checks() -> list[tuple[str, str, str, str]]:
-    """Every (verb, group, resource, subresource) of :data:`RULES`, for preflight."""
+def checks(every: bool = False) -> list[tuple[str, str, str, str]]:
+    """Every (verb, group, resource, subresource) of :data:`RULES` that
+    preflight requires (``every``: the optional ones too)."""
     out = []
     for rule in RULES:
+        if rule.optional and not every:
+            continue
         for resource in rule.resources:
             base, _, sub = resource.partition("/")
             out += [(verb, rule.group, base, sub) for verb in rule.verbs]
@@ -108,6 +118,7 @@ def cluster_role_yaml() -> str:
             f"  # {rule.why}",
             f"  - apiGroups: [\"{rule.group}\"]",
             f"    resources: [{', '.join(rule.resources)}]",
+            *([f"    resourceNames: [{', '.join(rule.names)}]"] if rule.names else []),
             f"    verbs: [{', '.join(rule.verbs)}]",
         ]
     return "\n".join(lines) + "\n"

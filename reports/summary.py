@@ -54,6 +54,8 @@ def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
         "bounds": {"timeout_overrides": results.get("timeout_overrides") or {},
                    "profile_outside_ranges": results.get("profile_outside_ranges") or []},
         "platform": platform,
+        # Promises the clauses could not read from the cluster and judged as the profile states them.
+        "taken_on_trust": sorted({p for c in ordered for p in (c["evidence"].get("promises_taken_on_trust") or [])}),
         "started": results.get("started"),
         "finished": results.get("finished"),
         "wall_s": round((results.get("finished") or 0) - (results.get("started") or 0), 1),
@@ -76,6 +78,9 @@ def judge(results: dict[str, Any], clauses: list[dict[str, Any]]) -> tuple[str, 
     failed = [c["id"] for c in clauses if c["outcome"] in (FAIL, ERROR)]
     if failed:
         return NOT_CERTIFIED, f"{', '.join(failed)} did not pass" + (f" ({of})" if missing else "")
+    unjudged = contradicted_not_applicable(clauses)
+    if unjudged:
+        return INCOMPLETE, "; ".join(unjudged)
     if missing:
         return PARTIAL, f"{of}; not run: {', '.join(missing)}"
     if exit_status != 0:
@@ -84,6 +89,26 @@ def judge(results: dict[str, Any], clauses: list[dict[str, Any]]) -> tuple[str, 
     if overrides:
         return NON_DEFAULT, f"every clause passed with the suite's bounds changed: {', '.join(sorted(overrides))}"
     return CERTIFIED, f"all {len(catalogue)} clauses run to completion and passed with default bounds"
+
+
+def contradicted_not_applicable(clauses: list[dict[str, Any]]) -> list[str]:
+    """Clauses called not applicable on a NetworkPolicy probe (no
+    enforcement) that the run's own evidence contradicts: another clause saw
+    NetworkPolicy enforced, or the clauses cite different probes. Such a
+    clause was never judged, so the run cannot certify."""
+    probes = {}
+    for c in clauses:
+        for key in ("network_policy_enforcement", "probe"):
+            seen = (c.get("evidence") or {}).get(key)
+            if isinstance(seen, dict) and "enforced" in seen:
+                probes[c["id"]] = seen
+    ids = sorted({str(p.get("probe_id")) for p in probes.values()})
+    enforced = sorted({bool(p["enforced"]) for p in probes.values()})
+    if len(enforced) < 2 and len(ids) < 2:
+        return []
+    return [f"{c['id']} was called not applicable for a cluster that does not enforce NetworkPolicy, which the run's "
+            f"own evidence contradicts (probes {', '.join(ids)}; enforced {enforced}): it was not judged"
+            for c in clauses if c["outcome"] == NOT_APPLICABLE and c["id"] in probes]
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
@@ -95,6 +120,9 @@ def to_markdown(summary: dict[str, Any]) -> str:
     if bounds.get("profile_outside_ranges"):
         lines += ["**Promises outside the ranges the design calls sane** (the clauses judged the platform against "
                   "them):", "", *[f"- {line}" for line in bounds["profile_outside_ranges"]], ""]
+    if summary.get("taken_on_trust"):
+        lines += ["**Promises taken on trust** (the cluster did not let the suite read them; the clauses judged the "
+                  "platform against the profile's word):", "", *[f"- {p}" for p in summary["taken_on_trust"]], ""]
     spent = summary.get("cost_per_incident") or {}
     if spent.get("incidents"):
         lines += [f"**{cost.HEADLINE}** {cost.total(spent)}", "",

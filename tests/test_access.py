@@ -17,12 +17,16 @@ def test_the_shipped_cluster_role_is_the_table() -> None:
     role = yaml.safe_load(access.SHIPPED_ROLE.read_text())
     granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
-    checked = {(verb, group, resource + (f"/{sub}" if sub else "")) for verb, group, resource, sub in access.checks()}
+    checked = {(verb, group, resource + (f"/{sub}" if sub else ""))
+               for verb, group, resource, sub in access.checks(every=True)}
     assert granted == checked
+    # An optional rule is one object's read, never a kind's.
+    named = [rule for rule in role["rules"] if rule.get("resourceNames")]
+    assert named and all(rule["verbs"] == ["get"] for rule in named), named
 
 
 def test_the_role_reads_no_secret_and_writes_nothing_cluster_scoped_but_namespaces() -> None:
-    checks = access.checks()
+    checks = access.checks(every=True)
     # It creates the GCS Redis password Secret a golden template names; it
     # never gets, lists, watches or changes one (another tenant's secrets).
     assert {verb for verb, _, resource, _ in checks if resource == "secrets"} == {"create"}

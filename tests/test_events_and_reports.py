@@ -95,6 +95,30 @@ def test_a_failure_is_not_certified_even_in_a_subset():
     assert built["verdict_reason"] == "X-1 did not pass (1 of 2 clauses run)"
 
 
+def test_not_applicable_on_a_probe_the_runs_own_evidence_contradicts_is_never_certified():
+    """NET-1 not applicable (no enforcement) beside NET-3 passing (enforced)
+    happened once when each xdist worker probed on its own."""
+    def probed(clause, outcome, enforced, probe_id="run/ns-1", key="network_policy_enforcement"):
+        row = _row(clause, outcome)
+        row["evidence"] = {key: {"enforced": enforced, "probe_id": probe_id}}
+        return row
+
+    catalogue = ("NET-1", "NET-3")
+    built = summary.build(_results(probed("NET-1", "not_applicable", False), probed("NET-3", "passed", True, key="probe"),
+                                   catalogue=catalogue), {})
+    assert built["verdict"] == summary.INCOMPLETE and "NET-1 was called not applicable" in built["verdict_reason"]
+    built = summary.build(_results(probed("NET-1", "not_applicable", False),
+                                   probed("NET-3", "failed", False, "run/ns-2", key="probe"), catalogue=catalogue), {})
+    assert built["verdict"] == summary.NOT_CERTIFIED  # NET-3 failed: that decides first
+    consistent = summary.build(_results(probed("NET-1", "not_applicable", False),
+                                        probed("NET-3", "passed", False, key="probe"), catalogue=catalogue), {})
+    assert consistent["verdict"] == summary.CERTIFIED
+    two_probes = summary.build(_results(probed("NET-1", "not_applicable", False),
+                                        probed("NET-3", "passed", False, "run/ns-2", key="probe"),
+                                        catalogue=catalogue), {})
+    assert two_probes["verdict"] == summary.INCOMPLETE and "run/ns-1, run/ns-2" in two_probes["verdict_reason"]
+
+
 def test_an_interrupted_run_is_incomplete_whatever_passed():
     built = summary.build(_results(_row("X-1"), _row("Y-1"), exit_status=2), {})
     assert built["verdict"] == summary.INCOMPLETE
@@ -186,3 +210,12 @@ def test_the_cost_of_each_failure_mode_is_summed_at_the_top_of_the_certificate(t
     assert md.index("cost per incident") < md.index("| clause | outcome |"), "the cost is at the top"
     assert summary.build(_results(_row("X-1")), {})["cost_per_incident"] == {
         "incidents": [], "gpu_hours": 0, "amount": None, "currency": None}
+
+
+def test_promises_taken_on_trust_are_listed_at_the_top(tmp_path):
+    row = _row("X-1")
+    row["evidence"] = {"promises_taken_on_trust": ["kueue.waitForPodsReady: ConfigMap kueue-system/x could not be read"]}
+    built = summary.build(_results(row, _row("Y-1")), {})
+    assert built["taken_on_trust"] == ["kueue.waitForPodsReady: ConfigMap kueue-system/x could not be read"]
+    assert "**Promises taken on trust**" in summary.to_markdown(built)
+    assert "taken on trust" not in summary.to_markdown(summary.build(_results(_row("X-1"), _row("Y-1")), {}))

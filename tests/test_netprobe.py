@@ -75,3 +75,37 @@ def test_the_client_goes_on_after_a_blocked_attempt() -> None:
                          timeout=30)
     assert out.returncode == 0, out.stderr
     assert netprobe.attempts_in(out.stdout) == ["blocked 0 ConnectionRefusedError", "blocked 1 ConnectionRefusedError"]
+
+
+def test_a_run_probes_once_whatever_its_processes(tmp_path, monkeypatch):
+    """NET-1..4 judge one enforcement probe per run: the first process of the
+    run computes it, the others (xdist workers) read its answer."""
+    import multiprocessing
+
+    from fixtures.kube import once_per_run
+
+    monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))
+    calls = tmp_path / "calls"
+
+    def probe():
+        with calls.open("a") as f:
+            f.write("x")
+        return {"enforced": True, "probe_id": "r1/ns"}
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=once_per_run, args=("r1", "netpol", probe)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert once_per_run("r1", "netpol", probe) == {"enforced": True, "probe_id": "r1/ns"}
+    assert calls.read_text() == "x"
+    assert once_per_run("r2", "netpol", probe)["probe_id"] == "r1/ns" and calls.read_text() == "xx"
+
+    def broken():
+        raise RuntimeError("pod network down")
+
+    with pytest.raises(RuntimeError):
+        once_per_run("r3", "netpol", broken)
+    assert once_per_run("r3", "netpol", probe)["enforced"] is True  # tried again by the next

@@ -117,6 +117,7 @@ class Addons:
             self.install_crds(api)
             self._start_kuberay()
             self._start_kueue()
+            self._publish_kueue_configuration(api)
             self._wait_health(("kuberay-operator", "kueue"))
             self.install_kueue_webhooks(api)
             self.wait_kueue_webhook(api)
@@ -383,6 +384,22 @@ class Addons:
             **({"waitForPodsReady": wait} if wfpr["enable"] else {}),
         }
 
+    def _publish_kueue_configuration(self, api: Any) -> None:
+        """The Configuration Kueue runs with, as the ConfigMap an upstream
+        install mounts into its manager (kueue-system/kueue-manager-config):
+        the same bytes as the file this Kueue reads, so what the suite reads
+        through the API is what Kueue does."""
+        from kubernetes import client
+
+        from rayproof import kueue
+
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": kueue.CONFIG_MAP, "namespace": kueue.CONFIG_NAMESPACE},
+                "data": {kueue.CONFIG_KEY: (self.run_dir / "kueue" / "config.yaml").read_text()}}
+        _consume(client.CoreV1Api(api).patch_namespaced_config_map(
+            kueue.CONFIG_MAP, kueue.CONFIG_NAMESPACE, body, field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml", _preload_content=False))
+
     def _start_kueue(self) -> None:
         kdir = self.run_dir / "kueue"
         kdir.mkdir(parents=True, exist_ok=True)
@@ -392,7 +409,7 @@ class Addons:
         metrics_certs = kdir / "metrics-certs"
         pki.webhook_serving("tls", "kueue-controller-manager-metrics-service", metrics_certs)
         config = kdir / "config.yaml"
-        config.write_text(yaml.safe_dump(self.kueue_configuration(), sort_keys=False))
+        config.write_text(yaml.safe_dump(self.kueue_configuration(), sort_keys=False))  # what _publish shows too
         kc = self._kubeconfig("kueue", pki.kueue_manager, "kueue-controller-manager")
         launcher = kdir / "launch.sh"
         launcher.write_text(_KUEUE_LAUNCHER)

@@ -13,7 +13,7 @@ from conformance.admission.sampling import (FINISHED, Sampler, compact, conditio
 from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
 from fixtures.events import parse_events
-from rayproof import timeouts
+from rayproof import kueue, timeouts
 from rayproof.cost import record_idle_cost
 from rayproof.timeouts import Tier
 from rayproof.waiting import WaitTimeout, wait_for
@@ -284,6 +284,19 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         f"a driver started (submitter pods {figures['max_submitter_pods']}) although the gang was never whole")
     steps = parse_events(sampler.driver_logs.get(name, ""))
     assert not [e for e in steps if e["event"] == "step"], f"training steps ran with a partial world: {steps}"
+    require_promises_configured(lab, evidence, timeout_s, backoff_s)
+
+
+def require_promises_configured(lab, evidence, timeout_s: float | None, backoff_s: float | None) -> None:
+    """The waitForPodsReady the profile promises is the one Kueue is
+    configured with (its ConfigMap, read through the API); where that cannot
+    be read, the certificate says the promise was taken on trust."""
+    configured = evidence.record("kueue_configuration", kueue.configured_wait_for_pods_ready(lab.api))
+    if configured["source"] is None:
+        evidence.record("promises_taken_on_trust", [f"kueue.waitForPodsReady: {configured['why']}"])
+    disagreements = kueue.promise_disagreements(configured, timeout_s, backoff_s)
+    assert not disagreements, ("the platform's Kueue is not configured as the profile promises: "
+                               + "; ".join(disagreements))
 
 
 @pytest.mark.clause("ADM-3")
@@ -378,3 +391,5 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     assert steps and all(e["world_size"] == workers for e in steps), (
         f"expected every step with world size {workers}, saw {[(e['step'], e['world_size']) for e in steps]}")
     assert steps[0]["step"] == 1 and len(steps) == 6, f"expected steps 1..6, saw {[e['step'] for e in steps]}"
+    require_promises_configured(lab, evidence, lab.profile.wait_for_pods_ready_s,
+                                lab.profile.seconds("kueue.waitForPodsReady.backoffBase"))
