@@ -6,6 +6,7 @@ experiment journal records the outcome either way.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -119,3 +120,18 @@ def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: 
     return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1),
             "conditions": [{k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
                            for c in conds]}
+
+
+def driver_events(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> list[dict[str, Any]]:
+    """The events the driver of ``rayjob`` printed (every submitter pod's log, oldest first)."""
+    from rayproof.events import parse_events
+
+    api = _kube.core(kubeconfig, context)
+    pods = sorted(api.list_namespaced_pod(namespace, label_selector=f"job-name={rayjob}").items,
+                  key=lambda p: p.metadata.creation_timestamp)
+    logs = []
+    for pod in pods:
+        if pod.status.phase != "Pending":
+            with contextlib.suppress(Exception):  # a pod going away mid-read: its log is read next time
+                logs.append(api.read_namespaced_pod_log(pod.metadata.name, namespace))
+    return parse_events("\n".join(logs))

@@ -106,6 +106,21 @@ def collectives_in_flight(events: list[dict[str, Any]], at: float) -> list[dict[
     return in_flight
 
 
+def rank_state_at(events: list[dict[str, Any]], rank: int, at: float) -> dict[str, Any]:
+    """Where rank ``rank`` was at wall time ``at``: inside the collective it
+    last began before ``at`` (``inside``: its op, or None where it had ended
+    it), how long it had been in, and when (if ever) it ended it after ``at``."""
+    own = [e for e in events if e["event"] == "collective" and e["rank"] == rank]
+    before = [e for e in own if e["ts"] <= at]
+    last = before[-1] if before else None
+    inside = last["op"] if last and last["phase"] == "begin" else None
+    ended = next((e for e in own if e["ts"] > at and e["phase"] == "end" and last
+                  and (e["op"], e["step"]) == (last["op"], last["step"])), None)
+    return {"rank": rank, "inside": inside, "last_event": last,
+            "in_for_s": round(at - last["ts"], 3) if inside else None,
+            "ended_after_s": round(ended["ts"] - at, 3) if ended else None}
+
+
 def newest_checkpoint_begun(events: list[dict[str, Any]], before: float) -> int | None:
     """The newest step whose checkpoint some rank had begun saving before wall time ``before``.
 

@@ -29,6 +29,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -141,6 +142,7 @@ def train_loop_per_worker(cfg: dict) -> None:
 
     import ray.train
     import ray.train.torch
+    import ray.util
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -175,6 +177,9 @@ def train_loop_per_worker(cfg: dict) -> None:
         if lead:
             emit("checkpoint_restored", step=start_step, path=checkpoint.path, world_size=world,
                  seconds=round(time.monotonic() - restoring, 3))
+    # Where each rank runs (its Ray node's address is its pod's IP): a fault
+    # that must land while one rank is inside a collective finds its pod.
+    emit("rank", rank=rank, ip=ray.util.get_node_ip_address(), host=socket.gethostname(), resume_step=start_step)
     if lead:
         emit("worker_group_started", world_size=world, resume_step=start_step,
              backend=dist.get_backend(), device=device.type)
@@ -203,7 +208,11 @@ def train_loop_per_worker(cfg: dict) -> None:
             if remaining > 0:
                 time.sleep(remaining)  # sleep-ok: simulated compute, not synchronisation
         with collective("all_reduce", step, rank):
-            dist.all_reduce(global_loss)  # the reported loss is the global mean
+            # The end is the collective's completion, not the call's return:
+            # NCCL returns once the all-reduce is enqueued on the GPU's stream.
+            dist.all_reduce(global_loss, async_op=True).wait()  # the reported loss is the global mean
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
         loss_value = global_loss.item() / world
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss became {loss_value} at step {step}")

@@ -12,6 +12,7 @@ from conformance.training_jobs import (
     gang_gpus,
     newest_checkpoint_begun,
     promised_fail_fast_bound,
+    rank_state_at,
     require_timeout_within,
     training_rayjob,
     wait_settled_checkpoint,
@@ -28,7 +29,9 @@ STEP_TIME_S = 1.0
 
 @pytest.mark.clause("TRN-1")
 def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, tmp_path) -> None:
-    """A worker pod deleted while collectives are in flight MUST be detected and
+    """A worker pod deleted while its rank is inside an all-reduce (the fault
+    waits for that rank to enter one; the rank's state at the deletion is
+    recorded, and one that was not inside it fails the clause) MUST be detected and
     the worker group restarted within the platform's promised fail-fast bound
     (profile training.maxCollectiveTimeout) plus 60 s slack, and the collective
     timeout the training ran with (the platform's, never the suite's) MUST be
@@ -53,7 +56,9 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     with evidence.phase("inject"):
         journal = runner.run("preempt-worker", {
             "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns, "cluster": cluster,
-            "workers": 2, "within_s": timeouts.RAYCLUSTER_READY.seconds}, journal_path=tmp_path / "journal.json")
+            "workers": 2, "within_s": timeouts.RAYCLUSTER_READY.seconds, "rayjob": name,
+            "collective": "all_reduce", "collective_within_s": timeouts.CONTROLLER_RECONCILE.seconds},
+            journal_path=tmp_path / "journal.json")
     evidence.record("experiment", runner.summary(journal))
     evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
     deleted = runner.output(journal, "delete-pod")
@@ -77,12 +82,15 @@ def test_worker_preempted_mid_allreduce_resumes_from_checkpoint(lab, evidence, t
     evidence.record("steps_since_kill", [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]] for e in steps])
     evidence.record("checkpoints_since_kill", [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]]
                                                for e in log.events("checkpoint_saved")])
-    in_flight = evidence.record("collectives_in_flight_at_deletion",
-                                collectives_in_flight(log.events(), deleted["deleted_at"]))
-    assert in_flight, (
-        f"{deleted['pod']} was deleted while no rank was inside a collective, so the fault did not land "
-        f"mid-all-reduce; collective events around it: "
-        f"{[e for e in log.events('collective') if abs(e['ts'] - deleted['deleted_at']) < 3][:12]}")
+    evidence.record("collectives_in_flight_at_deletion", collectives_in_flight(log.events(), deleted["deleted_at"]))
+    killed = evidence.record("killed_rank_at_deletion", rank_state_at(log.events(), deleted["rank"],
+                                                                      deleted["deleted_at"]))
+    assert killed["inside"] == "all_reduce" and killed["ended_after_s"] is None, (
+        f"{deleted['pod']} (rank {deleted['rank']}) was deleted while its rank was "
+        + (f"inside {killed['inside']}" if killed["inside"] else "outside any collective")
+        + (f", which it then finished {killed['ended_after_s']} s later" if killed["ended_after_s"] is not None else "")
+        + f", so the fault did not land mid-all-reduce (last event before it: {killed['last_event']}; the fault "
+          f"saw the rank enter {deleted['seen_after_s']} s after it did)")
     assert restarts, (f"no worker group restarted after {deleted['pod']} was deleted; driver output:\n"
                       f"{lab.submitter_logs(ns, name)[-3000:]}")
     restart_s = round(restarts[0]["ts"] - deleted["deleted_at"], 1)
