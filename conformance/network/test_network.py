@@ -1,6 +1,7 @@
 """NetworkPolicy: is it enforced (NET-3), does a tightening that blocks
-collectives fail training fast, applied before it starts (NET-1) or while it
-steps (NET-4), does the documented policy let it run (NET-2)."""
+collectives fail training fast, applied before it starts (NET-1: the
+rendezvous) or while it steps (NET-4: the collectives in progress), does the
+documented policy let it run and keep other namespaces out (NET-2)."""
 from __future__ import annotations
 
 import pytest
@@ -62,8 +63,10 @@ def test_network_policy_is_enforced(network_policy_enforcement: dict, evidence) 
 
 @pytest.mark.clause("NET-1")
 def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enforcement, evidence, tmp_path) -> None:
-    """A NetworkPolicy that blocks worker-to-worker traffic, applied before a
-    training RayJob starts, MUST make the job fail within the platform's
+    """The rendezvous phase (NET-4 certifies the collectives in progress): a
+    NetworkPolicy that blocks worker-to-worker traffic, applied before a
+    training RayJob starts, so that its process group cannot form, MUST make
+    the job fail within the platform's
     promised fail-fast bound (profile training.maxCollectiveTimeout) plus 60 s
     slack, counted from when its process group begins to form, with a failure
     reason that names the timeout; the RayJob MUST reach the Failed state
@@ -188,9 +191,10 @@ def test_platform_worker_policy_lets_training_run(lab, network_policy_enforcemen
 @pytest.mark.clause("NET-4")
 def test_lockdown_during_training_never_leaves_it_hanging(lab, network_policy_enforcement, evidence,
                                                           tmp_path) -> None:
-    """A NetworkPolicy that blocks worker-to-worker traffic, applied while a
-    training RayJob is stepping (the design's "someone locked down the
-    namespace"), MUST never leave the training hanging: within the platform's
+    """The collectives in progress, the design's incident (NET-1 certifies
+    the rendezvous): a NetworkPolicy that blocks worker-to-worker traffic,
+    applied while a training RayJob is stepping (the design's "someone locked
+    down the namespace"), MUST never leave the training hanging: within the platform's
     promised fail-fast bound (profile training.maxCollectiveTimeout) plus 60 s
     slack of the policy taking effect, the RayJob MUST have reached a terminal
     state, either Failed with a reason that names the timeout (the platform

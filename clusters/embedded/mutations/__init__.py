@@ -112,9 +112,12 @@ class Mutation:
         return docs
 
 
+_PART = re.compile(r"(?:[^.\[]|\[[^\]]*\])+")  # dots inside [name=...] do not split
+
+
 def _steps(path: str) -> list[tuple[str | None, str | None]]:
     steps = []
-    for part in path.split("."):
+    for part in _PART.findall(path):
         m = _STEP.match(part)
         if not m or not (m["key"] or m["sel"]):
             raise CatalogueError(f"bad path {path!r} at {part!r}")
@@ -138,7 +141,7 @@ def _select(node: Any, key: str | None, sel: str | None) -> Iterator[tuple[Any, 
             yield node, i
 
 
-def _places(obj: dict[str, Any], path: str) -> list[tuple[Any, Any]]:
+def _places(obj: dict[str, Any], path: str, *, make: bool) -> list[tuple[Any, Any]]:
     steps = _steps(path)
     roots: list[Any] = [obj]
     if steps[0] == ("cluster", None):
@@ -150,7 +153,9 @@ def _places(obj: dict[str, Any], path: str) -> list[tuple[Any, Any]]:
             roots = []
             for container, k in places:
                 if isinstance(container, dict) and k not in container:
-                    container[k] = {}  # `set` makes the maps a path goes through; `remove` finds them empty
+                    if not make:
+                        continue  # `remove` goes nowhere a map is missing
+                    container[k] = {}  # `set` makes the maps its path goes through
                 roots.append(container[k])
     return places
 
@@ -158,13 +163,13 @@ def _places(obj: dict[str, Any], path: str) -> list[tuple[Any, Any]]:
 def apply_edit(obj: dict[str, Any], edit: dict[str, Any], *, what: str) -> None:
     """Make one ``set``/``remove`` edit in ``obj``; an edit that matches nothing is an error."""
     if "set" in edit:
-        places = _places(obj, edit["set"])
+        places = _places(obj, edit["set"], make=True)
         for container, key in places:
             container[key] = copy.deepcopy(edit["value"])
         path = edit["set"]
     elif "remove" in edit:
         path = edit["remove"]
-        places = [(c, k) for c, k in _places(obj, path)
+        places = [(c, k) for c, k in _places(obj, path, make=False)
                   if (isinstance(c, dict) and k in c) or isinstance(c, list)]
         for container, key in sorted(places, key=lambda p: p[1] if isinstance(p[1], int) else 0, reverse=True):
             del container[key]
