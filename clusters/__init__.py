@@ -42,6 +42,14 @@ class Target(Protocol):
     def describe(self) -> dict[str, Any]:
         """Server, versions (Kubernetes, KubeRay, Kueue), node count and shape, for the report."""
 
+    def outside(self, probe: Callable[[], Any]) -> Any:
+        """Run ``probe`` where a client outside the cluster stands, and
+        return its result: the certifying host's own network for an existing
+        cluster (the user's); for the embedded platform, loopback (the node
+        agent's nodes report 127.0.0.1) or, on real nodes, a namespace beside
+        them that routes to their addresses and nowhere else, so no probe
+        leaves the machine."""
+
     def diagnose(self) -> str:
         """The platform's own health, as text for a failed test's evidence:
         nodes not Ready or under pressure, and (embedded) a platform process

@@ -76,6 +76,10 @@ class ExistingCluster:
         info["versions"].update(operator_versions(api))
         return info
 
+    def outside(self, probe: Any) -> Any:
+        """From this host's network: where the user running the suite stands, outside their cluster."""
+        return probe()
+
     def diagnose(self) -> str:
         return node_health(self.api_client())
 

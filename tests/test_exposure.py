@@ -22,8 +22,11 @@ from tests.loopback_http import serving
 class FakeApi:
     """CoreV1Api and NetworkingV1Api list calls, answered from lists of models."""
 
-    def __init__(self, nodes=(), services=(), ingresses=()):
-        self.nodes, self.services, self.ingresses = list(nodes), list(services), list(ingresses)
+    def __init__(self, nodes=(), services=(), ingresses=(), pods=()):
+        self.nodes, self.services, self.ingresses, self.pods = list(nodes), list(services), list(ingresses), list(pods)
+
+    def list_pod_for_all_namespaces(self):
+        return SimpleNamespace(items=self.pods)
 
     def list_node(self):
         return SimpleNamespace(items=self.nodes)
@@ -216,3 +219,26 @@ def test_other_tenants_names_and_hosts_are_hashed_the_suites_own_kept():
     assert hashed == {exposure.tenant_names_hashed([{"namespace": "payroll", "name": n}], [])[0]["name"]
                       for n in ("payroll-ray-head", "ray-ui")}, "one object, one hash"
     assert all(e["address"].startswith("tenant-") for e in shown if e["via"] == "ingress")
+
+
+def pod(ns: str, name: str, *, host_network: bool = False, ports=(), ray: bool = True) -> k.V1Pod:
+    labels = {"ray.io/node-type": "head"} if ray else {}
+    return k.V1Pod(metadata=k.V1ObjectMeta(namespace=ns, name=name, labels=labels),
+                   spec=k.V1PodSpec(host_network=host_network, node_name="n1", containers=[k.V1Container(
+                       name="ray-head", ports=[k.V1ContainerPort(container_port=c, host_port=h) for c, h in ports])]),
+                   status=k.V1PodStatus(phase="Running", host_ip="127.0.0.1"))
+
+
+def test_heads_on_the_nodes_own_network_are_exposed_endpoints():
+    """A head with hostNetwork serves every Ray port on its node's address; a
+    hostPort maps one there; a plain pod or a non-Ray pod on the host network
+    exposes nothing of Ray's."""
+    api = FakeApi(pods=[pod("a", "net-head", host_network=True),
+                        pod("a", "port-head", ports=[(8265, 30265), (8080, None)]),
+                        pod("a", "plain-head", ports=[(8265, None)]),
+                        pod("kube-system", "agent", host_network=True, ray=False)])
+    found = {(e["name"], e["via"], e["address"], e["port"], e["ray_port"]) for e in exposed_endpoints(api, api)}
+    assert found == {("net-head", "hostNetwork", "127.0.0.1", 8265, 8265),
+                     ("net-head", "hostNetwork", "127.0.0.1", 10001, 10001),
+                     ("net-head", "hostNetwork", "127.0.0.1", 6379, 6379),
+                     ("port-head", "hostPort", "127.0.0.1", 30265, 8265)}, found

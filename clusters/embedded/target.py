@@ -70,6 +70,17 @@ class EmbeddedTarget:
         info["platform_profile"] = self.platform.profile.as_dict()
         return info
 
+    def outside(self, probe: Any) -> Any:
+        """On real nodes, from the platform's outside namespace (nodes/fabric.py,
+        ``OutsideNet``); on the node agent's nodes, whose address is 127.0.0.1,
+        from this host's loopback."""
+        if self.platform.profile.node_runtime != "kubelet":
+            return probe()
+        from clusters.embedded.nodes.fabric import OutsideNet
+        from clusters.embedded.podnet._host import in_netns
+
+        return in_netns(OutsideNet(self.platform.name).netns, probe)
+
     def diagnose(self) -> str:
         """Node health, and every platform process that is not healthy with its log's last lines."""
         parts = [node_health(self.api_client())]

@@ -9,6 +9,10 @@ node netns rayproof-<platform>-k<i>                       router netns rayproof-
   rule 140: from the node's pod gateway -> main  (kubelet's probes, straight to its pods)
   rule 150: from pods to node  -> main  (probes' replies, the node's own addresses)
   rule 200: from pods          -> table 100: default via the router
+
+outside netns rayproof-<platform>-out  (a client beside the nodes, not in the cluster)
+  eth0 198.18.255.250/32 ── veth ──────────────────────── ro (proxy_arp)
+  default via 169.254.1.1 (onlink)                          route 198.18.255.250/32 dev ro
 ```
 
 Every packet a pod sends to another pod, a Service or DNS leaves its node for
@@ -114,3 +118,51 @@ class NodeNet:
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ],
         }
+
+
+OUTSIDE_ADDRESS = "198.18.255.250"
+
+
+@dataclass(frozen=True)
+class OutsideNet:
+    """Where "outside the cluster" is on this platform: a namespace beside
+    the nodes, routed to their addresses through the router and to nothing
+    else (the router has no way off the machine). SEC-1 probes the addresses
+    the cluster reports from here, never from the machine's own namespace,
+    whose packets to a non-loopback address would leave the machine."""
+
+    platform: str
+
+    @property
+    def netns(self) -> str:
+        return f"rayproof-{self.platform}-out"
+
+    @property
+    def router(self) -> str:
+        return f"rayproof-{self.platform}-net"
+
+    def create(self) -> None:
+        """Make (or remake) the namespace and its link to the router; the router must exist."""
+        if not _host.netns_exists(self.router):
+            raise RuntimeError(f"router namespace {self.router} is missing: start the pod network first")
+        self.delete()
+        _host.add_netns(self.netns)
+        _host.run(["ip", "-n", self.router, "link", "add", "ro", "type", "veth", "peer", "name", "eth0",
+                   "netns", self.netns])
+        _host.run(["ip", "-n", self.netns, "-batch", "-"], input="\n".join([
+            f"address add {OUTSIDE_ADDRESS}/32 dev eth0", "link set eth0 up", "link set lo up",
+            f"route add {GATEWAY} dev eth0 scope link", f"route add default via {GATEWAY} dev eth0",
+        ]) + "\n")
+        _host.run(["ip", "-n", self.router, "-batch", "-"], input="\n".join([
+            "link set ro up", f"route replace {OUTSIDE_ADDRESS}/32 dev ro scope link",
+        ]) + "\n")
+        _host.sysctl(self.router, "net.ipv4.conf.ro.proxy_arp", "1")
+
+    def delete(self) -> None:
+        """Remove the namespace (its veth and the router's route go with it); safe to repeat."""
+        _host.delete_netns(self.netns)
+
+
+def delete_outside(platform: str) -> None:
+    """For ``EmbeddedPlatform.register_cleanup``: the platform's outside namespace is gone."""
+    OutsideNet(platform).delete()

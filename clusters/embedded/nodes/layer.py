@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay, sharedlayers
+from clusters.embedded.nodes.fabric import OutsideNet
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
 from rayproof import timeouts
@@ -124,6 +125,8 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     if short:
         progress(f"platform {platform.name}: the profile's node shape asks more than this machine has "
                  f"({'; '.join(short)}), so each kubelet node offers what the machine has")
+    platform.register_cleanup("clusters.embedded.nodes.fabric:delete_outside", platform=platform.name)
+    OutsideNet(platform.name).create()
     for node in nodes:
         # Registered after the pod network's teardown, so each runs before it: nodes go before the router.
         platform.register_cleanup("clusters.embedded.nodes.node:teardown", platform=platform.name,
