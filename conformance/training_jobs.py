@@ -109,13 +109,16 @@ def collectives_in_flight(events: list[dict[str, Any]], at: float) -> list[dict[
 def rank_state_at(events: list[dict[str, Any]], rank: int, at: float) -> dict[str, Any]:
     """Where rank ``rank`` was at wall time ``at``: inside the collective it
     last began before ``at`` (``inside``: its op, or None where it had ended
-    it), how long it had been in, and when (if ever) it ended it after ``at``."""
+    it), how long it had been in, and when (if ever) that same process ended
+    it after ``at`` (its next event; a restarted group's rank runs the step again)."""
     own = [e for e in events if e["event"] == "collective" and e["rank"] == rank]
     before = [e for e in own if e["ts"] <= at]
     last = before[-1] if before else None
     inside = last["op"] if last and last["phase"] == "begin" else None
-    ended = next((e for e in own if e["ts"] > at and e["phase"] == "end" and last
-                  and (e["op"], e["step"]) == (last["op"], last["step"])), None)
+    # Its next event closes the bracket it was in, or belongs to a worker group started after it died.
+    after = next((e for e in own if e["ts"] > at), None)
+    ended = after if (after and inside and after["phase"] == "end"
+                      and (after["op"], after["step"]) == (last["op"], last["step"])) else None
     return {"rank": rank, "inside": inside, "last_event": last,
             "in_for_s": round(at - last["ts"], 3) if inside else None,
             "ended_after_s": round(ended["ts"] - at, 3) if ended else None}

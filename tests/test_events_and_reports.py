@@ -219,3 +219,23 @@ def test_promises_taken_on_trust_are_listed_at_the_top(tmp_path):
     assert built["taken_on_trust"] == ["kueue.waitForPodsReady: ConfigMap kueue-system/x could not be read"]
     assert "**Promises taken on trust**" in summary.to_markdown(built)
     assert "taken on trust" not in summary.to_markdown(summary.build(_results(_row("X-1"), _row("Y-1")), {}))
+
+
+def test_the_killed_ranks_state_at_the_deletion():
+    """TRN-1: inside the all-reduce at the kill, and a restarted group's rank
+    running the same step again later does not count as the killed process ending it."""
+    from conformance.training_jobs import rank_state_at
+
+    def c(ts, phase, op="all_reduce", step=11, rank=1):
+        return {"event": "collective", "ts": ts, "phase": phase, "op": op, "step": step, "rank": rank}
+
+    killed = [c(1.0, "begin", "forward_backward"), c(1.2, "end", "forward_backward"), c(1.3, "begin"),
+              {"event": "rank", "ts": 20.0, "rank": 1}, c(21.0, "begin", "forward_backward"),
+              c(21.5, "end", "forward_backward"), c(21.6, "begin"), c(22.0, "end")]
+    state = rank_state_at(killed, 1, at=2.0)
+    assert (state["inside"], state["ended_after_s"], state["in_for_s"]) == ("all_reduce", None, 0.7)
+    finished = [c(1.3, "begin"), c(2.5, "end"), c(2.6, "begin", "forward_backward")]
+    assert rank_state_at(finished, 1, at=2.0)["ended_after_s"] == 0.5
+    outside = [c(1.3, "begin"), c(1.5, "end"), c(1.6, "begin", "forward_backward"), c(2.5, "end", "forward_backward")]
+    assert rank_state_at(outside, 1, at=1.55)["inside"] is None
+    assert rank_state_at(outside, 0, at=2.0)["inside"] is None
