@@ -162,6 +162,18 @@ def _platform(name: str, overlay: dict[str, Any], base: dict[str, Any], director
             target.close()
 
 
+def plan(chosen: list[tuple[Mutation, str]]) -> tuple[list[tuple[Mutation, str]],
+                                                      list[tuple[Mutation, list[tuple[Mutation, str]]]]]:
+    """The (entry, clause) rows that share the reference platform, and per
+    entry that needs a platform of its own, its rows."""
+    shared = [(m, c) for m, c in chosen if not m.needs_own_platform()]
+    own: dict[str, tuple[Mutation, list[tuple[Mutation, str]]]] = {}
+    for m, c in chosen:
+        if m.needs_own_platform():
+            own.setdefault(m.id, (m, []))[1].append((m, c))
+    return shared, list(own.values())
+
+
 def matrix(rows: list[dict[str, Any]]) -> str:
     """The kill matrix, entry by clause, with the kill rate and the time taken."""
     clauses = sorted({r["clause"] for r in rows})
@@ -238,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"[{len(rows)}/{len(chosen)}] {m.id} x {clause}: {result['verdict']} ({result['outcome']}, "
                 f"{result['seconds']:.0f} s)")
 
-    shared = [(m, c) for m, c in chosen if not m.needs_own_platform()]
-    own = [m for m in dict.fromkeys(m for m, _ in chosen if m.needs_own_platform())]
+    shared, own = plan(chosen)
     say(f"{len(chosen)} rows: {len(shared)} on one reference platform, {len(chosen) - len(shared)} on "
         f"{len(own)} platforms of their own; results in {out}")
     interrupted = False
@@ -247,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         if shared:
             with _platform(BASE_PLATFORM, {}, base, out, say) as (target, path):
                 run_rows(shared, target.platform, path)
-        for m in own:
+        for m, pairs in own:
             say(f"platform with {m.id}: {json.dumps(m.platform_profile())}")
             with _platform(OWN_PLATFORM, m.platform_profile(), base, out, say) as (target, path):
-                run_rows([(x, c) for x, c in chosen if x is m], target.platform, path)
+                run_rows(pairs, target.platform, path)
     except KeyboardInterrupt:
         interrupted = True
         say(f"interrupted; the matrix below is of the {len(rows)} rows that finished")

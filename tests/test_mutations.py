@@ -111,3 +111,13 @@ def test_bench_mutants_refuses_bad_input_before_starting_anything(tmp_path, caps
         mutants.main(["--id", "queues-never-preempt", "--out", str(tmp_path / "full")])
     assert exc.value.code == 2 and not (tmp_path / "o").exists()
     json.dumps(mutants.matrix([]))  # an empty run still prints a matrix
+
+
+def test_plan_shares_one_platform_and_gives_each_platform_change_its_own():
+    entries = {m.id: m for m in mutations.load()}
+    chosen = [(entries["queues-never-preempt"], "ADM-5"), (entries["kueue-does-not-manage-rayjobs"], "ADM-1"),
+              (entries["kueue-does-not-manage-rayjobs"], "ADM-2"), (entries["cni-enforces-no-networkpolicy"], "NET-3")]
+    shared, own = mutants.plan(chosen)
+    assert [(m.id, c) for m, c in shared] == [("queues-never-preempt", "ADM-5")]
+    assert [(m.id, [c for _, c in rows]) for m, rows in own] == [("kueue-does-not-manage-rayjobs", ["ADM-1", "ADM-2"]),
+                                                                 ("cni-enforces-no-networkpolicy", ["NET-3"])]
