@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rayproof import timeouts
+
 REPO = Path(__file__).resolve().parents[1]
 # Three pytest-xdist workers, for `test` and `certify` alike: Kubernetes
 # clauses run side by side in what the certified cluster holds
@@ -96,11 +98,49 @@ def target_rows(target: dict | None) -> dict[str, str]:
     return rows
 
 
+# Linux's limits on a path and on one of its names (PATH_MAX, NAME_MAX).
+PATH_MAX, NAME_MAX = 4095, 255
+
+
+def bad_out_dir(out: Path) -> str | None:
+    """Why ``out`` cannot take a certification's reports (None: it can):
+    it must be a new or empty directory this user may write, its path within
+    the kernel's limits. An existing file in it would be packed into the
+    evidence bundle as if the run had written it."""
+    if len(str(out)) > PATH_MAX or any(len(part) > NAME_MAX for part in out.parts):
+        return f"its path is longer than this system allows ({NAME_MAX} characters a name, {PATH_MAX} in all)"
+    if out.exists() and not out.is_dir():
+        return "is a file, not a directory"
+    if out.is_dir() and any(out.iterdir()):
+        return "is not empty (a certification writes its reports and evidence bundle into a new or empty directory)"
+    ancestor = out
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be written by this user ({ancestor} is not a writable directory)"
+    return None
+
+
+def clauses_selected(k: str) -> list[str]:
+    """The clause tests ``-k k`` selects, collected (nothing run, no cluster touched)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"), "-k", k,
+                           str(REPO / "conformance")], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeouts.PYTEST_SESSION.seconds)
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary
     (with --upgrade-to: certify, upgrade the KubeRay operator under load, certify again, compare)."""
     from rayproof import processes, profile as profile_mod
 
+    out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
+    if why := bad_out_dir(out):
+        print(f"rayproof: --out {out} {why}; pass a new or empty directory", file=sys.stderr)
+        return BAD_INPUT_EXIT
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
         print(f"rayproof: kubeconfig {args.kubeconfig} does not exist; pass the path of a kubeconfig file "
               "(or omit --kubeconfig to certify the embedded platform)", file=sys.stderr)
@@ -117,7 +157,10 @@ def cmd_certify(args: argparse.Namespace) -> int:
     except profile_mod.ProfileError as exc:
         print(f"rayproof: bad profile: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
-    out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
+    if args.k and not clauses_selected(args.k):
+        print(f"rayproof: -k {args.k!r} selects no clause (clause ids such as NET-2, or test names; "
+              "`pytest --collect-only conformance` lists them); nothing was run", file=sys.stderr)
+        return BAD_INPUT_EXIT
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so a platform this
     # run brought up comes down again.
     previous = signal.signal(signal.SIGTERM, processes.unwind_on_sigterm)
@@ -326,8 +369,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"rayproof: {results} does not exist (pass the results.json of a certification run)", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else results.parent
-    import json
-
+    try:
+        recorded = json.loads(results.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        print(f"rayproof: {results} is not the results.json of a certification run ({type(exc).__name__}: "
+              f"{str(exc)[:120]})", file=sys.stderr)
+        return BAD_INPUT_EXIT
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("results"), list):
+        print(f"rayproof: {results} is not the results.json of a certification run (JSON without a list of results)",
+              file=sys.stderr)
+        return BAD_INPUT_EXIT
+    if out.exists() and not out.is_dir():
+        print(f"rayproof: --out {out} is a file, not a directory", file=sys.stderr)
+        return BAD_INPUT_EXIT
     platform = json.loads((results.parent / "certification.json").read_text())["platform"] \
         if (results.parent / "certification.json").exists() else {"platform": "unknown (regenerated)"}
     summary = summary_mod.write(results, platform, out)
@@ -630,4 +684,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if unknown:
         args.pytest_args = [*unknown, *args.pytest_args]
+    from_callers_directory(args)
     return args.func(args)
+
+
+# Where the user ran `bin/rayproof`, which changes into the repository before it starts Python.
+CALLER_CWD_ENV = "RAYPROOF_CALLER_CWD"
+PATH_OPTIONS = ("kubeconfig", "profile", "platform_profile", "out", "results", "bundle", "old", "new", "ranges",
+                "add_to", "certifications")
+
+
+def from_callers_directory(args: argparse.Namespace) -> None:
+    """Relative paths the user passed are the user's: resolved against the
+    directory ``bin/rayproof`` was run from, not the repository."""
+    base = os.environ.get(CALLER_CWD_ENV)
+    if not base:
+        return
+
+    def resolved(value: str) -> str:
+        path = Path(value).expanduser()
+        return value if path.is_absolute() else str(Path(base) / path)
+
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            setattr(args, name, resolved(value))
+        elif isinstance(value, list):
+            setattr(args, name, [resolved(v) for v in value])

@@ -268,3 +268,47 @@ def test_a_bad_platform_profile_stops_the_run_before_it_starts_and_names_the_use
     assert "passed" not in text, "no test ran"
     bad.write_text("nodes:\n  runtime: kubelet\n")
     assert pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--platform-profile={bad}").ret == 0
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: (p.write_text("x"), p)[1], "is a file, not a directory"),
+    (lambda p: (p.mkdir(), (p / "key.pem").write_text("secret"), p)[2], "is not empty"),
+    (lambda p: p / ("x" * 300), "longer than this system allows"),
+])
+def test_certify_refuses_an_unusable_out_before_anything_else(tmp_path, capsys, make, words):
+    """One line, exit 2, nothing created, before the profile, the kubeconfig or the cluster are looked at."""
+    out = make(tmp_path / "out")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert cli.main(["certify", "--kubeconfig", str(tmp_path / "nope"), "--out", str(out)]) == cli.BAD_INPUT_EXIT
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_certify_refuses_a_k_that_selects_no_clause_before_touching_a_cluster(tmp_path, capsys, monkeypatch):
+    opened = []
+    monkeypatch.setattr(cli, "_open_certified_cluster", lambda *a: opened.append(a) or cli.PREFLIGHT_EXIT)
+    assert cli.main(["certify", "-k", "NO-SUCH-CLAUSE", "--out", str(tmp_path / "out")]) == cli.BAD_INPUT_EXIT
+    assert "selects no clause" in capsys.readouterr().err
+    assert not opened and not (tmp_path / "out").exists()
+    assert cli.clauses_selected("NET-2") == ["conformance/network/test_network.py::"
+                                            "test_platform_worker_policy_lets_training_run"]
+
+
+def test_report_on_an_empty_or_non_json_file_is_bad_input(tmp_path, capsys):
+    for name, text in (("empty.json", ""), ("text.json", "not json"), ("list.json", "[1, 2]")):
+        (tmp_path / name).write_text(text)
+        assert cli.main(["report", str(tmp_path / name)]) == cli.BAD_INPUT_EXIT
+        err = capsys.readouterr().err
+        assert "is not the results.json of a certification run" in err and "Traceback" not in err, err
+
+
+def test_relative_paths_are_the_callers(tmp_path, monkeypatch, capsys):
+    """bin/rayproof changes into the repository; a relative --kubeconfig is
+    still read from where the user ran it."""
+    monkeypatch.setenv(cli.CALLER_CWD_ENV, str(tmp_path))
+    (tmp_path / "kc.yaml").write_text("::: not yaml [")
+    assert cli.main(["certify", "--kubeconfig", "kc.yaml", "--out", "out"]) == cli.BAD_INPUT_EXIT
+    err = capsys.readouterr().err
+    assert str(tmp_path / "kc.yaml") in err and "cannot be read as a kubeconfig" in err, err
+    assert not (tmp_path / "out").exists()
