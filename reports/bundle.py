@@ -19,7 +19,6 @@ wrote them (another commit may render them otherwise).
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -145,6 +144,30 @@ def commit_of(repo: Path) -> str:
     return done.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
+# What a bundle may unpack to; more is not a certification's evidence (a
+# few MB) but a decompression bomb (one of 498 KB asked for 1 GB).
+MAX_UNPACKED_BYTES = 256 * 2**20
+
+
+def gunzip_bounded(data: bytes, limit: int) -> bytes:
+    """``data`` gunzipped (every member, each checked to its end: CRC and
+    length), refusing to produce more than ``limit`` bytes; data that is not
+    gzip is returned as it is (tarfile then says what it is not)."""
+    if data[:2] != b"\x1f\x8b":
+        return data
+    out, rest = bytearray(), data
+    while rest:
+        d = zlib.decompressobj(wbits=31)
+        chunk = d.decompress(rest, limit + 1 - len(out))
+        out += chunk
+        if len(out) > limit or d.unconsumed_tail:
+            raise OSError(f"it unpacks to more than {limit // 2**20} MiB, more than any certification's evidence")
+        if not d.eof:
+            raise EOFError("the gzip stream ends early")
+        rest = d.unused_data.lstrip(b"\x00")
+    return bytes(out)
+
+
 def read(bundle: Path) -> dict[str, bytes]:
     """Every regular file of the bundle by its path below the top folder. Links,
     devices, absolute paths and '..' are refused: nothing is extracted."""
@@ -154,7 +177,7 @@ def read(bundle: Path) -> dict[str, bytes]:
         gzipped = data[:2] == b"\x1f\x8b"
         # Decompressed whole first: gzip checks its CRC and length only at the
         # stream's end, which tarfile never reads past the archive's last member.
-        tar = tarfile.open(fileobj=io.BytesIO(gzip.decompress(data)), mode="r:")
+        tar = tarfile.open(fileobj=io.BytesIO(gunzip_bounded(data, MAX_UNPACKED_BYTES)), mode="r:")
     except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
         if gzipped:
             raise DamagedBundle(f"{bundle} is damaged: {exc} (changed since certify wrote it)") from None

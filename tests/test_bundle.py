@@ -162,3 +162,22 @@ def test_the_rendered_certificate_is_compared_where_this_suite_wrote_it(run_dir,
     assert bundle.verify(elsewhere)[0] == [], "another commit's rendering is not judged by this one's"
     assert cli.main(["verify", str(elsewhere)]) == 0
     assert f"rendered by suite commit {'0' * 40}, not this checkout's: compared its data" in capsys.readouterr().out
+
+
+def test_verify_caps_what_it_unpacks(run_dir, tmp_path, monkeypatch, capsys):
+    """A small file that unpacks to more than any evidence is refused
+    without unpacking it all (a 498 KB file once asked for 1 GB)."""
+    import gzip
+
+    bomb = tmp_path / "bomb.tar.gz"
+    bomb.write_bytes(gzip.compress(bytes(4 * 2**20)))  # 4 MiB of zeros in ~4 KB
+    monkeypatch.setattr(bundle, "MAX_UNPACKED_BYTES", 2**20)
+    with pytest.raises(bundle.DamagedBundle, match="unpacks to more than 1 MiB"):
+        bundle.verify(bomb)
+    assert cli.main(["verify", str(bomb)]) == cli.VERIFY_FAILED_EXIT
+    assert "unpacks to more than" in capsys.readouterr().err
+    _, archive = run_dir  # a real bundle is well within the cap, and a second gzip member still counts
+    assert bundle.verify(archive)[0] == []
+    assert bundle.gunzip_bounded(gzip.compress(b"ab") + gzip.compress(b"cd"), 10) == b"abcd"
+    with pytest.raises(EOFError):
+        bundle.gunzip_bounded(gzip.compress(b"abcdef" * 100)[:-12], 10**6)

@@ -312,3 +312,10 @@ def test_relative_paths_are_the_callers(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert str(tmp_path / "kc.yaml") in err and "cannot be read as a kubeconfig" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_platform_commands_with_a_bad_name_or_profile_are_bad_input(tmp_path, capsys):
+    assert cli.main(["status", "--name", "Bad_Name!"]) == cli.BAD_INPUT_EXIT
+    assert "platform name 'Bad_Name!' must be" in capsys.readouterr().err
+    assert cli.main(["down", "--name", "ok", "--profile", str(tmp_path / "none.yaml")]) == cli.BAD_INPUT_EXIT
+    assert "cannot read profile" in capsys.readouterr().err

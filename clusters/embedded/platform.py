@@ -683,7 +683,8 @@ def _python_env() -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m clusters.embedded.platform up|down|status [--name N] [--profile F]``."""
+    """``python -m clusters.embedded.platform up|down|status [--name N] [--profile F]``: exit 0 done,
+    1 failed, 2 bad input (a name or profile that cannot be, nothing touched)."""
     parser = argparse.ArgumentParser(
         prog="python -m clusters.embedded.platform",
         description="Run the embedded Kubernetes platform (control plane, KubeRay, Kueue).")
@@ -695,6 +696,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log: Progress = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         p = EmbeddedPlatform(args.name, run_dir=args.run_dir, profile=args.profile, progress=log)
+    except (ValueError, FileNotFoundError) as exc:  # a bad name or profile: nothing was touched
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         if args.command == "up":
             p.up()
             kubectl = p.binaries()["kubectl"]
