@@ -57,3 +57,40 @@ def redact_files(directory: Path) -> list[Path]:
             path.write_text(clean)
             rewritten.append(path)
     return rewritten
+
+
+# Fields (and env entries, by their name) whose values are credentials: the
+# name ends so (redisPassword, HF_TOKEN, AWS_SECRET_ACCESS_KEY; not tokenizer).
+SECRET_NAME = re.compile(r"(?i)(password|passwd|secret|token|api[-_]?key|access[-_]?key|private[-_]?key|"
+                         r"credentials?)$")
+
+
+def redact_secret_fields(node: object) -> tuple[object, list[str]]:
+    """A copy of a parsed YAML/JSON document with the literal value of every
+    field whose name says it is a credential (``redisPassword: hunter2``),
+    and of every ``{name, value}`` entry so named (an env variable), replaced
+    by ``[REDACTED]``; with the paths it redacted. References to where a
+    secret lives (``valueFrom``, ``secretKeyRef``) are kept: they hold none."""
+    redacted: list[str] = []
+
+    def walk(value: object, path: str, secret: bool = False) -> object:
+        """``secret``: ``value`` is the value of a credential's field (KubeRay's
+        ``redisPassword: {value: ...}``), whose own ``value`` is the credential."""
+        if isinstance(value, dict):
+            secret = secret or bool(isinstance(value.get("name"), str) and SECRET_NAME.search(value["name"]))
+            out = {}
+            for key, item in value.items():
+                here = f"{path}.{key}" if path else str(key)
+                named = bool(SECRET_NAME.search(str(key)))
+                if isinstance(item, (str, int, float)) and not isinstance(item, bool) and (
+                        named or (secret and key == "value")):
+                    out[key] = REDACTED
+                    redacted.append(here)
+                else:
+                    out[key] = walk(item, here, named and isinstance(item, dict))
+            return out
+        if isinstance(value, list):
+            return [walk(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return value
+
+    return walk(node, ""), redacted

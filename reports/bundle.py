@@ -29,6 +29,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rayproof import redaction
 from reports import summary as summary_mod
 
 MANIFEST = "MANIFEST.sha256"
@@ -47,6 +48,26 @@ class DamagedBundle(BundleError):
     byte of the compressed file), which fails verification rather than being bad input."""
 
 
+def published_template(text: str) -> str:
+    """A golden template as the bundle holds it: as read, unless it holds a
+    literal credential (a password, token or key field, or an env entry so
+    named), which is replaced by ``[REDACTED]``, said in a first comment line.
+    Its recorded sha256 is the file's as the platform has it."""
+    import yaml
+
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError:
+        return redaction.redact(text)
+    cleaned = [redaction.redact_secret_fields(doc) for doc in docs]
+    paths = [p for _, found in cleaned for p in found]
+    if not paths:
+        return redaction.redact(text)
+    return (f"# rayproof: literal credentials replaced by {redaction.REDACTED} ({', '.join(paths)}); the sha256 in "
+            "the certificate is of the template as the platform has it\n"
+            + yaml.safe_dump_all([doc for doc, _ in cleaned], sort_keys=False))
+
+
 def write(out_dir: Path, *, profile_yaml: str, templates: dict[str, dict[str, str]],
           versions: dict[str, Any]) -> Path:
     """Write the run's profile, golden templates and versions into ``out_dir``,
@@ -55,7 +76,7 @@ def write(out_dir: Path, *, profile_yaml: str, templates: dict[str, dict[str, st
     (out_dir / PROFILE).write_text(profile_yaml)
     for key, template in templates.items():
         (out_dir / GOLDEN).mkdir(exist_ok=True)
-        (out_dir / GOLDEN / f"{key}.yaml").write_bytes(Path(template["file"]).read_bytes())
+        (out_dir / GOLDEN / f"{key}.yaml").write_text(published_template(Path(template["file"]).read_text()))
     (out_dir / VERSIONS).write_text(json.dumps(versions, indent=2, sort_keys=True, default=str))
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(results.get("finished") or time.time()))
     top = f"certification-{stamp}"

@@ -181,3 +181,21 @@ def test_verify_caps_what_it_unpacks(run_dir, tmp_path, monkeypatch, capsys):
     assert bundle.gunzip_bounded(gzip.compress(b"ab") + gzip.compress(b"cd"), 10) == b"abcd"
     with pytest.raises(EOFError):
         bundle.gunzip_bounded(gzip.compress(b"abcdef" * 100)[:-12], 10**6)
+
+
+def test_a_golden_templates_literal_password_is_not_shipped(tmp_path):
+    """A template holding a literal Redis password (or a token in an env
+    entry) goes into the bundle with those values redacted; references to
+    Secrets stay as they are."""
+    template = ("apiVersion: ray.io/v1\nkind: RayCluster\nspec:\n  gcsFaultToleranceOptions:\n"
+                "    redisAddress: gcs-redis:6379\n    redisPassword: {value: hunter2-literal}\n"
+                "  headGroupSpec:\n    template:\n      spec:\n        containers:\n        - name: ray-head\n"
+                "          env:\n          - {name: HF_TOKEN, value: hf_abcdef123456}\n"
+                "          - {name: RAY_USAGE_STATS_ENABLED, value: '0'}\n"
+                "          - name: REDIS_PASSWORD\n            valueFrom: {secretKeyRef: {name: gcs-redis, key: password}}\n")
+    published = bundle.published_template(template)
+    assert "hunter2-literal" not in published and "hf_abcdef123456" not in published, published
+    assert published.startswith("# rayproof: literal credentials replaced")
+    assert "secretKeyRef" in published and "RAY_USAGE_STATS_ENABLED" in published and "'0'" in published
+    plain = "apiVersion: ray.io/v1\nkind: RayJob\n"
+    assert bundle.published_template(plain) == plain

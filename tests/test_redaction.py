@@ -48,3 +48,16 @@ def test_redaction_keeps_what_is_not_a_secret() -> None:
     assert redaction.redact(text) == ("ray start --redis-password='[REDACTED]' --port=6379 requirepass [REDACTED] "
                                       "and REDIS_PASSWORD=[REDACTED]")
     assert redaction.redact("the GCS at gcs-redis:6379 answered") == "the GCS at gcs-redis:6379 answered"
+
+
+def test_secret_fields_are_redacted_by_name_and_nothing_else():
+    from rayproof.redaction import REDACTED, redact_secret_fields
+
+    doc = {"redisPassword": "p4ssw0rd", "tokenizer": "gpt2", "auth": {"redisPassword": {"value": "x1"}},
+           "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "k"}, {"name": "MODEL", "value": "m"},
+                   {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "s", "key": "password"}}}]}
+    clean, paths = redact_secret_fields(doc)
+    assert clean["redisPassword"] == REDACTED and clean["auth"]["redisPassword"]["value"] == REDACTED
+    assert clean["tokenizer"] == "gpt2" and clean["env"][1]["value"] == "m" and clean["env"][0]["value"] == REDACTED
+    assert clean["env"][2] == doc["env"][2]  # a reference to a Secret holds no secret
+    assert sorted(paths) == ["auth.redisPassword.value", "env[0].value", "redisPassword"]
