@@ -276,8 +276,12 @@ class PodNetwork:
     # -- teardown ----------------------------------------------------------------------
 
     def namespaces(self) -> list[str]:
-        """Every namespace of this network that exists now (router and pods)."""
-        return _host.list_netns(self.prefix)
+        """Every namespace of this network that exists now (router, pods, and
+        the real nodes' and outside namespaces it routes): named exactly as
+        this platform names them, so platform ``a`` never takes ``a-2``'s
+        (``rayproof-a-2-net`` starts with ``rayproof-a-`` too)."""
+        own = re.compile(rf"{re.escape(self.prefix)}(net|out|p[0-9a-f]{{10}}|k[0-9]+)")
+        return [n for n in _host.list_netns(self.prefix) if own.fullmatch(n)]
 
     def close(self) -> None:
         """Stop DNS, delete every pod namespace and the router (its chains go with it), forget allocations.
