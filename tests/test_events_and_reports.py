@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+
+import pytest
 
 from fixtures.events import EventLog, parse_events
 from rayproof.cost import record_idle_cost
@@ -239,3 +242,25 @@ def test_the_killed_ranks_state_at_the_deletion():
     outside = [c(1.3, "begin"), c(1.5, "end"), c(1.6, "begin", "forward_backward"), c(2.5, "end", "forward_backward")]
     assert rank_state_at(outside, 1, at=1.55)["inside"] is None
     assert rank_state_at(outside, 0, at=2.0)["inside"] is None
+
+
+def test_an_object_the_platforms_admission_refuses_fails_the_clause_in_one_line():
+    import json as _json
+
+    from kubernetes import client
+
+    from fixtures.kube import refused_by_admission_as_failure
+
+    def refuse(status, message):
+        def create():
+            raise client.ApiException(http_resp=SimpleNamespace(status=status, reason="Forbidden", headers={}, data=_json.dumps(
+                {"message": message}).encode(), getheaders=lambda: {}))
+        return create
+
+    webhook = ('admission webhook "vrayjob.kb.io" denied the request: spec.shutdownAfterJobFinishes: Invalid value: '
+               'false: a kueue managed job should delete the cluster after finishing')
+    with pytest.raises(AssertionError, match=r"the platform refused the RayJob a/b made from .*vrayjob.kb.io"):
+        refused_by_admission_as_failure(refuse(403, webhook), "RayJob a/b made from its golden template (x.yaml)")
+    # A request the suite got wrong stays the suite's error.
+    with pytest.raises(client.ApiException):
+        refused_by_admission_as_failure(refuse(422, "RayJob.ray.io is invalid: spec.foo: unknown field"), "x")

@@ -493,14 +493,15 @@ def settled(job: dict[str, Any]) -> bool:
 @pytest.mark.cluster_gangs(2)  # two teams' Ray clusters at once
 def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     """A head OOM on team A's RayCluster MUST stay inside team A: another
-    team's job, from the platform's golden RayJob in namespace B, runs on a
+    team's job, from the platform's golden RayJob in namespace B (another
+    tenant of the platform, with its own ClusterQueue), runs on a
     Ray head of its own (measured from the RayJobs' clusters and their head
     pods, never read from the profile); team B's RayCluster sees no pod
     restarted or replaced and its job keeps making progress through the event
     (no stretch without progress longer than 15 s), and team A's RayJob that
     was running on the hit head MUST reach a terminal or retrying state
     instead of showing Running forever."""
-    ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
+    ns_a, ns_b = lab.namespace("a"), lab.namespace("b", own_tenant=True)  # another tenant: its own ClusterQueue
     cluster_a = lab.name("team-a")
     victim = lab.name("victim")
     other = lab.name("team-b")

@@ -146,7 +146,7 @@ def test_platform_worker_policy_lets_training_run(lab, network_policy_enforcemen
     GCS, object manager, collectives -- and metrics from the monitoring
     namespace), a training RayJob MUST succeed, a policy MUST select its
     worker pods (a namespace nothing locks down shows nothing), and that
-    policy MUST keep other namespaces out: a pod of another team's namespace
+    policy MUST keep other namespaces out: a pod of another tenant's namespace
     MUST open none of a Ray worker's fixed ports (metrics 8080, dashboard
     agent 52365) that a pod of the worker's own namespace opens in the same
     window (the probe's control). The positive control for NET-1."""
@@ -176,7 +176,7 @@ def test_platform_worker_policy_lets_training_run(lab, network_policy_enforcemen
         f"{sorted(p.metadata.name for p in policies) or 'none'}): the workers accept traffic from anywhere, so "
         "the platform documents no worker policy for the training to be checked under")
     with evidence.phase("isolation"):
-        own, other = worker_reached_from(lab, ns, lab.namespace("b"), evidence)
+        own, other = worker_reached_from(lab, ns, lab.namespace("b", own_tenant=True), evidence)
     reached = sorted(p for p, seen in own["ports"].items() if seen["open"])
     assert reached, (
         f"a pod of the worker's own namespace {ns} opened none of its ports {list(mf.WORKER_PORTS)} within "

@@ -143,7 +143,8 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence, request
 @pytest.mark.clause("SEC-2")
 def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     """Teams MUST be isolated at the cluster level: a Ray node started in team
-    B's namespace MUST be refused by the GCS of team A's RayCluster (from the
+    B's namespace (another tenant of the platform, with its own
+    ClusterQueue) MUST be refused by the GCS of team A's RayCluster (from the
     platform's golden template, in a namespace its onboarding provisioned) and
     never join it, while the same node started in team A's own namespace joins
     (the probe's control); a pod of team B's namespace, whether plain or
@@ -153,7 +154,7 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
     list only nodes that are pods of team A's namespace. What keeps them apart
     is the platform's (its NetworkPolicies, Ray authentication); the policies
     are recorded."""
-    ns_a, ns_b = lab.namespace("a"), lab.namespace("b")
+    ns_a, ns_b = lab.namespace("a"), lab.namespace("b", own_tenant=True)  # another tenant: its own ClusterQueue
     cluster = lab.name("team-a")
     evidence.record("policies", {ns: [p.metadata.name for p in lab.net.list_namespaced_network_policy(ns).items]
                                  for ns in (ns_a, ns_b)})  # platform-owned-ok: read
