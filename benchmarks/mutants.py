@@ -217,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
               for c in m.clauses if not args.clause or c in args.clause]
     if not chosen:
         parser.error("no catalogue entry matches")
-    base = yaml.safe_load(Path(args.platform_profile).read_text()) or {} if args.platform_profile else {}
+    try:
+        base = (yaml.safe_load(Path(args.platform_profile).read_text()) or {}) if args.platform_profile else {}
+    except (OSError, yaml.YAMLError) as exc:
+        parser.error(f"--platform-profile {args.platform_profile}: {exc}")
     out = Path(args.out or REPO / "out" / f"mutants-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
     if out.exists() and any(out.iterdir()):
         parser.error(f"--out {out} is not empty")

@@ -121,3 +121,10 @@ def test_plan_shares_one_platform_and_gives_each_platform_change_its_own():
     assert [(m.id, c) for m, c in shared] == [("queues-never-preempt", "ADM-5")]
     assert [(m.id, [c for _, c in rows]) for m, rows in own] == [("kueue-does-not-manage-rayjobs", ["ADM-1", "ADM-2"]),
                                                                  ("cni-enforces-no-networkpolicy", ["NET-3"])]
+
+
+def test_bench_mutants_refuses_a_platform_profile_it_cannot_read(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        mutants.main(["--id", "queues-never-preempt", "--platform-profile", str(tmp_path / "none.yaml"),
+                      "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "none.yaml" in capsys.readouterr().err and not (tmp_path / "o").exists()
