@@ -27,9 +27,10 @@ STEPS = 30
 STEP_TIME_S = 1.0
 # TRN-1's training: rank 0 pads each step to PREEMPT_STEP_TIME_S before the
 # all-reduce, so the other rank waits inside it nearly that long, and the
-# fault, which sees the rank enter it through the driver's log (0.35 and
-# 0.68 s late in two runs on an idle machine), deletes its pod while it is
-# still inside. At 1 s a busier machine's log lag could outlast the wait.
+# fault, which sees the rank enter it through the driver's log, deletes its
+# pod while it is still inside. The log was 0.18 to 1.07 s late in four runs
+# (2026-12-06, the 0.18 s under CI's load): at 1 s steps the last would have
+# missed.
 PREEMPT_STEPS = 20
 PREEMPT_STEP_TIME_S = 3.0
 
