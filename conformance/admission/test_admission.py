@@ -293,8 +293,8 @@ def require_promises_configured(lab, evidence, timeout_s: float | None, backoff_
     be read, the certificate says the promise was taken on trust."""
     configured = evidence.record("kueue_configuration", kueue.configured_wait_for_pods_ready(lab.api))
     if configured["source"] is None:
-        evidence.record("promises_taken_on_trust",  # platform-owned-ok: its promise, named as unread
-                        [f"kueue.waitForPodsReady: {configured['why']}"])
+        unread = f"kueue.waitForPodsReady: {configured['why']}"  # platform-owned-ok: its promise, named as unread
+        evidence.record("promises_taken_on_trust", [unread])
     disagreements = kueue.promise_disagreements(configured, timeout_s, backoff_s)
     assert not disagreements, ("the platform's Kueue is not configured as the profile promises: "
                                + "; ".join(disagreements))

@@ -36,6 +36,11 @@ MAX_NODES = 16
 POD_ROUTE_TABLE = 100
 
 
+def router_netns(platform: str) -> str:
+    """The pod network's router namespace of ``platform`` (podnet), which every node and the outside link to."""
+    return f"rayproof-{platform}-net"
+
+
 @dataclass(frozen=True)
 class NodeNet:
     platform: str
@@ -47,7 +52,7 @@ class NodeNet:
 
     @property
     def router(self) -> str:
-        return f"rayproof-{self.platform}-net"
+        return router_netns(self.platform)
 
     @property
     def router_ifname(self) -> str:
@@ -139,7 +144,7 @@ class OutsideNet:
 
     @property
     def router(self) -> str:
-        return f"rayproof-{self.platform}-net"
+        return router_netns(self.platform)
 
     def create(self) -> None:
         """Make (or remake) the namespace and its link to the router; the router must exist."""
