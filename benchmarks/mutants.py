@@ -26,12 +26,14 @@ about time; the time each row took is printed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime as dt
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -39,9 +41,10 @@ from typing import Any, Callable, Iterator, Sequence
 import yaml
 
 from benchmarks import machine
+from clusters.embedded import build
 from clusters.embedded.mutations import CatalogueError, Mutation, TEMPLATE_FILES, load
 from rayproof import processes, timeouts
-from rayproof.catalogue import clause_tests
+from rayproof.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE, clause_tests
 from rayproof.schema import merged
 from rayproof.timeouts import Tier
 
@@ -94,6 +97,15 @@ def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platfor
     rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
     assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
     return {**rows[-1], "output": proc.stdout}
+
+
+def clause_options(clause: str) -> tuple[str, ...]:
+    """certify's own options a clause needs to be judged at all: UPG-1
+    upgrades the operator to the version the platform runs (its procedure,
+    not a new version, is what the entries change)."""
+    if clause == UPGRADE_CLAUSE:
+        return ("--upgrade-to", build.load_versions()["kuberay"]["version"])
+    return ()
 
 
 def verdict(row: dict[str, Any], causes: Sequence[str]) -> str:
@@ -201,9 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", action="append", default=[], help="only this catalogue entry (repeatable)")
     parser.add_argument("--platform-profile", help="the platforms' profile under each change (default: the "
                                                    "reference platform's)")
+    parser.add_argument("--jobs", type=int, default=CLAUSES_AT_ONCE,
+                        help=f"rows run at once on one platform (default {CLAUSES_AT_ONCE}, as certify runs clauses; "
+                             "each still waits for its share of the cluster and a host slot)")
     parser.add_argument("--out", help="where rows.jsonl, matrix.txt and each run's output go "
                                       "(default: out/mutants-<UTC time>)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1; got {args.jobs}")
     try:
         entries = load()
     except CatalogueError as exc:
@@ -230,28 +247,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rayproof bench: {message}", file=sys.stderr, flush=True)
 
     rows: list[dict[str, Any]] = []
+    lock = threading.Lock()
     began = time.monotonic()
 
-    def run_rows(pairs: list[tuple[Mutation, str]], platform: Any, platform_profile: Path) -> None:
-        for m, clause in pairs:
-            workdir = out / m.id / clause
-            profile, undo = profile_on(platform.api_client(), m, workdir / "golden")
-            t0 = time.monotonic()
-            try:
-                row = run_clause(workdir, tests[clause], profile=profile, platform=platform.name,
-                                 platform_profile=platform_profile, bounds=m.bounds)
-            except (AssertionError, subprocess.TimeoutExpired) as exc:
-                row = {"outcome": "error", "message": f"the clause run did not report: {str(exc)[:800]}"}
-            finally:
-                undo()
-            result = {"mutation": m.id, "clause": clause, "verdict": verdict(row, m.expect[clause]),
-                      "outcome": row["outcome"], "seconds": round(time.monotonic() - t0, 1),
-                      "message": (row.get("message") or "")[:1500], "causes": list(m.expect[clause])}
+    def run_row(m: Mutation, clause: str, platform: Any, platform_profile: Path) -> None:
+        workdir = out / m.id / clause
+        profile, undo = profile_on(platform.api_client(), m, workdir / "golden")
+        t0 = time.monotonic()
+        try:
+            row = run_clause(workdir, tests[clause], profile=profile, platform=platform.name,
+                             platform_profile=platform_profile, bounds=m.bounds, options=clause_options(clause))
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            row = {"outcome": "error", "message": f"the clause run did not report: {str(exc)[:800]}"}
+        finally:
+            undo()
+        result = {"mutation": m.id, "clause": clause, "verdict": verdict(row, m.expect[clause]),
+                  "outcome": row["outcome"], "seconds": round(time.monotonic() - t0, 1),
+                  "message": (row.get("message") or "")[:1500], "causes": list(m.expect[clause])}
+        with lock:
             rows.append(result)
             with (out / "rows.jsonl").open("a") as f:
                 f.write(json.dumps(result) + "\n")
             say(f"[{len(rows)}/{len(chosen)}] {m.id} x {clause}: {result['verdict']} ({result['outcome']}, "
                 f"{result['seconds']:.0f} s)")
+
+    def run_rows(pairs: list[tuple[Mutation, str]], platform: Any, platform_profile: Path) -> None:
+        """``pairs`` on ``platform``, ``--jobs`` at a time; a Ctrl-C reaches
+        the clause runs too (one process group), so they end and report."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(run_row, m, clause, platform, platform_profile) for m, clause in pairs]
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
 
     shared, own = plan(chosen)
     say(f"{len(chosen)} rows: {len(shared)} on one reference platform, {len(chosen) - len(shared)} on "

@@ -10,6 +10,15 @@ import re
 from pathlib import Path
 
 CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance"
+# The clause judged only by a certification that upgrades the KubeRay
+# operator (`certify --upgrade-to`); not applicable otherwise.
+UPGRADE_CLAUSE = "UPG-1"
+# Clauses certify runs at once (its pytest-xdist workers): Kubernetes
+# clauses run side by side in what the certified cluster holds
+# (fixtures/sharing.py), beside the runtime tier's local Ray clusters and the
+# units; a clause mostly waits on the platform's own timeouts, so three keep
+# two cores busy.
+CLAUSES_AT_ONCE = 3
 _CLAUSE_MARK = re.compile(r'^@pytest\.mark\.clause\(\s*"([^"]+)"\s*\)', re.MULTILINE)
 
 

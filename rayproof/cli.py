@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from rayproof import timeouts
+from rayproof.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE
 
 REPO = Path(__file__).resolve().parents[1]
-# Three pytest-xdist workers, for `test` and `certify` alike: Kubernetes
-# clauses run side by side in what the certified cluster holds
-# (fixtures/sharing.py), beside the runtime tier's local Ray clusters and the
-# units; a clause mostly waits on the platform's own timeouts, so three keep
-# two cores busy. Self-tests that start platforms of their own share one group.
-WORKERS = ["-n", "3", "--dist", "loadgroup"]
+# pytest-xdist workers, for `test` and `certify` alike (why three: the
+# catalogue's CLAUSES_AT_ONCE). Self-tests that start platforms of their own
+# share one group.
+WORKERS = ["-n", str(CLAUSES_AT_ONCE), "--dist", "loadgroup"]
 # certify's exit statuses (documented in `certify --help` and the README).
 CERTIFIED_EXIT = 0  # every clause ran to completion and passed, default bounds
 NOT_CERTIFIED_EXIT = 1  # a clause failed or could not be judged
@@ -234,7 +233,6 @@ def _certification(args: argparse.Namespace, profile: Any, target: Any, out: Pat
         summary["verdict"], NO_VERDICT_EXIT)
 
 
-UPGRADE_CLAUSE = "UPG-1"
 
 
 def _upgrade_certification(args: argparse.Namespace, profile: Any, target: Any, out: Path) -> int:

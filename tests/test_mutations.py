@@ -128,3 +128,16 @@ def test_bench_mutants_refuses_a_platform_profile_it_cannot_read(tmp_path, capsy
         mutants.main(["--id", "queues-never-preempt", "--platform-profile", str(tmp_path / "none.yaml"),
                       "--out", str(tmp_path / "o")])
     assert exc.value.code == 2 and "none.yaml" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_bench_mutants_refuses_fewer_than_one_job(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        mutants.main(["--id", "queues-never-preempt", "--jobs", "0", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "--jobs" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_upg1_runs_with_an_upgrade_to_the_version_the_platform_runs():
+    from clusters.embedded import build
+
+    assert mutants.clause_options("UPG-1") == ("--upgrade-to", build.load_versions()["kuberay"]["version"])
+    assert mutants.clause_options("NET-2") == ()
