@@ -70,6 +70,15 @@ def test_an_edit_that_matches_nothing_is_an_error():
     assert changed["spec"]["workerGroupSpecs"] == [{"name": "a", "replicas": 3}]
 
 
+def test_append_adds_to_the_end_of_a_list_and_needs_one():
+    obj = {"spec": {"ingress": [{"from": []}], "podSelector": {}}}
+    apply_edit(obj, {"append": "spec.ingress", "value": {"ports": [10001]}}, what="test")
+    assert obj["spec"]["ingress"] == [{"from": []}, {"ports": [10001]}]
+    for path in ("spec.egress", "spec.podSelector"):  # missing, or not a list
+        with pytest.raises(CatalogueError, match="matches nothing"):
+            apply_edit(obj, {"append": path, "value": {}}, what="test")
+
+
 def test_a_catalogue_that_does_not_fit_is_refused(tmp_path):
     bad = tmp_path / "catalogue.yaml"
     bad.write_text(yaml.safe_dump([{"id": "x", "summary": "s", "expect": {"NOPE-1": "c"},

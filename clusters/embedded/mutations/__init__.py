@@ -25,7 +25,8 @@ A change is one of:
     team writes the profile it certifies with.
 
 An edit names a path and what to do there: ``set`` (with ``value``),
-``remove``, or, for onboarding objects, ``delete`` (the whole object). A path
+``append`` (``value`` added at the end of the list there), ``remove``, or,
+for onboarding objects, ``delete`` (the whole object). A path
 is dotted keys; ``cluster`` as its first part is the Ray cluster spec inside
 the object (a RayJob's ``rayClusterSpec``, a RayService's
 ``rayClusterConfig``); a list is entered with ``[*]`` (every item),
@@ -161,8 +162,14 @@ def _places(obj: dict[str, Any], path: str, *, make: bool) -> list[tuple[Any, An
 
 
 def apply_edit(obj: dict[str, Any], edit: dict[str, Any], *, what: str) -> None:
-    """Make one ``set``/``remove`` edit in ``obj``; an edit that matches nothing is an error."""
-    if "set" in edit:
+    """Make one ``set``/``append``/``remove`` edit in ``obj``; an edit that matches nothing is an error."""
+    if "append" in edit:
+        path = edit["append"]
+        places = [(c, k) for c, k in _places(obj, path, make=False)
+                  if isinstance(c, (dict, list)) and (isinstance(c, list) or k in c) and isinstance(c[k], list)]
+        for container, key in places:
+            container[key].append(copy.deepcopy(edit["value"]))
+    elif "set" in edit:
         places = _places(obj, edit["set"], make=True)
         for container, key in places:
             container[key] = copy.deepcopy(edit["value"])
@@ -174,7 +181,7 @@ def apply_edit(obj: dict[str, Any], edit: dict[str, Any], *, what: str) -> None:
         for container, key in sorted(places, key=lambda p: p[1] if isinstance(p[1], int) else 0, reverse=True):
             del container[key]
     else:
-        raise CatalogueError(f"{what}: an edit needs set, remove or delete: {edit}")
+        raise CatalogueError(f"{what}: an edit needs set, append, remove or delete: {edit}")
     if not places:
         raise CatalogueError(f"{what}: {path} matches nothing")
 
