@@ -179,9 +179,9 @@ def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_ow
     assert {"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--netpol-default-deny=true",
             "--service-cluster-ip-range=198.19.0.0/16", "--health-port=0"} <= set(flags)
     assert flags[flags.index("--hostname-override") + 1] == "rayproof-node-2", "every node shares the hostname"
-    assert process_names(2, gpus=False, policies=True)[-2:] == ["kube-router-1", "kube-router-2"], \
+    assert process_names(2, gpus=False, policies=2)[-2:] == ["kube-router-1", "kube-router-2"], \
         "started once every node is registered"
-    assert not any(n.startswith("kube-router") for n in process_names(2, gpus=False, policies=False))
+    assert not any(n.startswith("kube-router") for n in process_names(2, gpus=False, policies=0))
 
 
 @pytest.mark.parametrize("runtime, enforce, cuts, flags", [
@@ -209,4 +209,20 @@ def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(runti
     profile = load_profile({"nodes": {"runtime": runtime}, "network": network})
     assert pod_network_flags(profile) == flags
     assert profile.cuts_open_connections == ("--recheck-established" in flags)
+
+
+@pytest.mark.parametrize("runtime", ["agent", "kubelet"])
+def test_an_engine_on_some_nodes_guards_only_their_pods(runtime) -> None:
+    """network.policyEngineNodes: N puts the engine on the first N nodes, the router's included."""
+    from clusters.embedded.nodes.layer import process_names
+    from clusters.embedded.platform import pod_network_flags
+    from clusters.embedded.profile import load_profile
+
+    profile = load_profile({"nodes": {"runtime": runtime, "count": 4}, "network": {"policyEngineNodes": 2}})
+    assert profile.policy_engine_nodes == ["rayproof-node-1", "rayproof-node-2"]
+    assert pod_network_flags(profile)[-2:] == ["--policy-nodes", "rayproof-node-1,rayproof-node-2"]
+    assert process_names(4, gpus=False, policies=2)[-2:] == ["kube-router-1", "kube-router-2"]
+    assert load_profile({"nodes": {"count": 4}, "network": {"policyEngineNodes": 4}}).policy_engine_nodes is None
+    unenforced = load_profile({"network": {"enforceNetworkPolicy": False, "policyEngineNodes": 1}})
+    assert "--policy-nodes" not in pod_network_flags(unenforced)
 

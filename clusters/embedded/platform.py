@@ -130,6 +130,8 @@ def pod_network_flags(profile: Profile) -> list[str]:
         flags.append("--recheck-established")
     elif real_nodes or not profile.enforces_network_policy:
         flags.append("--no-network-policy")
+    if profile.enforces_network_policy and profile.policy_engine_nodes is not None:
+        flags += ["--policy-nodes", ",".join(profile.policy_engine_nodes)]
     return flags
 
 
@@ -275,7 +277,9 @@ class EmbeddedPlatform:
             from clusters.embedded.nodes import dns, layer, netpol, prepull
 
             if self.profile.enforces_network_policy:  # before any pod of the platform's own
-                netpol.start(self, layer.nodes_of(self), self.progress)
+                engine_on = self.profile.policy_engine_nodes
+                netpol.start(self, [n for n in layer.nodes_of(self) if engine_on is None or n.name in engine_on],
+                             self.progress)
             dns.deploy(self.api_client(), self.progress)
             prepull.deploy(self.api_client(), self.profile.prepull_images, [n.name for n in layer.nodes_of(self)],
                            self.progress, after_each_node=lambda node: layer.share_image_layers(self, node).summary())
@@ -623,7 +627,9 @@ class EmbeddedPlatform:
             from clusters.embedded.nodes.layer import process_names
 
             gpus = "nvidia.com/gpu" in self.profile.node_shape
-            return ("podnet", *process_names(self.profile.node_count, gpus, self.profile.enforces_network_policy),
+            engines = len(self.profile.policy_engine_nodes or range(self.profile.node_count)) \
+                if self.profile.enforces_network_policy else 0
+            return ("podnet", *process_names(self.profile.node_count, gpus, engines),
                     "onboarding")
         return NODE_LAYER_PROCESSES
 

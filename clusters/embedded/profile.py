@@ -21,6 +21,9 @@ from rayproof.schema import (  # noqa: F401 - parse_duration and ProfileError ar
     ProfileError, boolean, duration, env_map, int_range, load_layered, one_of, optional, parse_duration, quantity,
 )
 
+# What the nodes are called, the node agent's and the real ones alike: <prefix>-1..N.
+NODE_NAME_PREFIX = "rayproof-node"
+
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
 
 MAX_NODES = 16
@@ -67,6 +70,14 @@ class Profile:
     def enforces_network_policy(self) -> bool:
         """NetworkPolicy has an engine (the router's on the node agent, kube-router's on real nodes)."""
         return bool(self.data["network"]["enforceNetworkPolicy"])
+
+    @property
+    def policy_engine_nodes(self) -> list[str] | None:
+        """The nodes the NetworkPolicy engine runs on, where not all (``network.policyEngineNodes``: the first N)."""
+        n = self.data["network"]["policyEngineNodes"]
+        if n is None or n >= self.node_count:
+            return None
+        return [f"{NODE_NAME_PREFIX}-{i}" for i in range(1, n + 1)]
 
     @property
     def cuts_open_connections(self) -> bool:
@@ -152,7 +163,8 @@ SCHEMA: dict[str, Any] = {
         },
         "integrations": _integrations,
     },
-    "network": {"enforceNetworkPolicy": boolean, "policyCutsOpenConnections": optional(boolean)},
+    "network": {"enforceNetworkPolicy": boolean, "policyCutsOpenConnections": optional(boolean),
+                "policyEngineNodes": optional(int_range(1, MAX_NODES))},
     "kuberay": {
         "env": env_map,
         "featureGates": _gates,

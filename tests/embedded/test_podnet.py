@@ -109,6 +109,16 @@ def test_empty_ingress_denies_all_and_empty_rule_allows_all():
     assert allow[b_chain] == ["-j RETURN", "-j DROP"], "policies are additive: the union allows everything"
 
 
+def test_an_engine_on_some_nodes_guards_only_the_pods_there():
+    on = Pod("default", "on", "198.18.0.5", {"app": "b"}, node="n1")
+    off = Pod("default", "off", "198.18.0.6", {"app": "b"}, node="n2")
+    deny = _pol("deny", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]})
+    table = compile_policies([A, on, off], NAMESPACES, [deny], guarded_nodes=frozenset({"n1"}))
+    guarded = _uncomment(table.chains["RAYPROOF-INGRESS"])
+    assert len(guarded) == 1 and guarded[0].startswith("-d 198.18.0.5/32"), guarded
+    assert Pod.from_api({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}, "status": {}}).node == "n1"
+
+
 def test_namespace_selector_alone_and_with_pod_selector():
     chains = _compile(_pol("p", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [{"from": [
         {"namespaceSelector": {"matchLabels": {"team": "x"}}},

@@ -32,13 +32,14 @@ from clusters.embedded.nodes import images as images_mod, rayimage, registry, re
 from clusters.embedded.nodes.fabric import OutsideNet
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
+from clusters.embedded.profile import NODE_NAME_PREFIX
 from rayproof import timeouts
 from rayproof.waiting import wait_for
 
 if TYPE_CHECKING:
     from clusters.embedded.platform import EmbeddedPlatform
 
-NAME_PREFIX = "rayproof-node"
+NAME_PREFIX = NODE_NAME_PREFIX
 # The programs each node runs, in start order, as its platform processes are
 # named (``<kind>-<index>``); its NetworkPolicy engine starts once every node is Ready.
 PER_NODE_KINDS = ("containerd", "oom-group", "kubelet", "kube-proxy", "fakegpu")
@@ -51,13 +52,14 @@ def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
             for i in range(1, platform.profile.node_count + 1)]
 
 
-def process_names(count: int, gpus: bool, policies: bool) -> list[str]:
-    """The platform processes of a node layer of ``count`` nodes, in start order (each node's
-    NetworkPolicy engine, ``netpol.py``, once every node is Ready)."""
+def process_names(count: int, gpus: bool, policies: int) -> list[str]:
+    """The platform processes of a node layer of ``count`` nodes, in start order (the
+    NetworkPolicy engine of each of the first ``policies`` nodes, ``netpol.py``, once every
+    node is Ready)."""
     kinds = [kind for kind in PER_NODE_KINDS if kind != "fakegpu" or gpus]
     return ["registry", "slow-pull", "relay", "provisioner",
             *(f"{kind}-{i}" for i in range(1, count + 1) for kind in kinds),
-            *(f"{POLICY_ENGINE_KIND}-{i}" for i in range(1, count + 1) if policies)]
+            *(f"{POLICY_ENGINE_KIND}-{i}" for i in range(1, min(policies, count) + 1))]
 
 
 def _wait_answering(port: int, what: str) -> str:

@@ -134,7 +134,8 @@ class PodNetworkController:
     def __init__(self, kubeconfig: str | Path | None, platform_name: str, *, state_dir: str | Path | None = None,
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
-                 enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True):
+                 enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True,
+                 policy_nodes: frozenset[str] | None = None):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -149,6 +150,8 @@ class PodNetworkController:
         # False: a CNI without NetworkPolicy support (flannel): policies are
         # accepted by the API server and silently not enforced.
         self.enforce_policies = enforce_policies
+        # The nodes the policy engine runs on (None: all); see compile_policies.
+        self.policy_nodes = policy_nodes
         # Where a CNI hands out addresses this controller learns late (the real nodes): see policy's "New pods".
         self.debounce_s = debounce_s
         self.applied_generation = -1
@@ -275,7 +278,8 @@ class PodNetworkController:
         if zone != self._last.get("zone") and self.network.dns is not None:
             self.network.dns.update(zone)
             self._last["zone"] = zone
-        filt = compile_policies(pods, namespaces, policies, recheck_established=self._recheck_established)
+        filt = compile_policies(pods, namespaces, policies, recheck_established=self._recheck_established,
+                                guarded_nodes=self.policy_nodes)
         if filt.rules() != self._last.get("filter"):
             self.network.apply_table(filt)
             self._last["filter"] = filt.rules()

@@ -90,6 +90,7 @@ class Pod:
     labels: Mapping[str, str] = field(default_factory=dict)
     # container port name -> (port, protocol), for NetworkPolicy named ports
     named_ports: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    node: str | None = None  # spec.nodeName
 
     @classmethod
     def from_api(cls, obj: Mapping[str, Any]) -> "Pod":
@@ -104,7 +105,8 @@ class Pod:
         # another pod: it must no longer count as this pod's.
         if status.get("phase") in ("Succeeded", "Failed") or spec.get("hostNetwork"):
             ip = None
-        return cls(meta.get("namespace") or "default", meta["name"], ip, dict(meta.get("labels") or {}), named)
+        return cls(meta.get("namespace") or "default", meta["name"], ip, dict(meta.get("labels") or {}), named,
+                   spec.get("nodeName"))
 
 
 @dataclass(frozen=True)

@@ -124,10 +124,12 @@ def _numeric_port_match(spec: _PortSpec, number: int | None = None) -> str:
 
 
 class _Compiler:
-    def __init__(self, pods: Iterable[Pod], namespaces: Iterable[Namespace], recheck_established: bool):
+    def __init__(self, pods: Iterable[Pod], namespaces: Iterable[Namespace], recheck_established: bool,
+                 guarded_nodes: frozenset[str] | None = None):
         self.pods = sorted((p for p in pods if p.ip), key=lambda p: (p.namespace, p.name))
         self.ns_labels = {ns.name: ns.labels for ns in namespaces}
         self.recheck = recheck_established
+        self.guarded_nodes = guarded_nodes
         self.table = Table("filter")
 
     def ns_labels_of(self, name: str) -> Mapping[str, str]:
@@ -172,6 +174,8 @@ class _Compiler:
             for i, pod in enumerate(self.pods):
                 if pod.namespace != ns or not selector_matches(spec.get("podSelector"), pod.labels):
                     continue
+                if self.guarded_nodes is not None and pod.node not in self.guarded_nodes:
+                    continue  # no engine on its node: selected, never enforced
                 for direction, key in (("Ingress", "ingress"), ("Egress", "egress")):
                     if direction in types:
                         bucket = applies.setdefault((i, direction), [])
@@ -265,10 +269,14 @@ def _in(ip: str | None, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> b
 
 
 def compile_policies(pods: Iterable[Pod], namespaces: Iterable[Namespace], policies: Sequence[Mapping[str, Any]], *,
-                     recheck_established: bool = False) -> Table:
+                     recheck_established: bool = False, guarded_nodes: frozenset[str] | None = None) -> Table:
     """The filter table's ``RAYPROOF-*`` chains enforcing ``policies`` (API-shaped dicts) on ``pods``.
 
     Pure: no namespace or iptables is touched, so the rules can be checked
     from literals.  Pods without an IP are left out (nothing to match).
+    ``guarded_nodes``: the nodes the policy engine runs on (None: every
+    node); a policy selecting a pod on another node is accepted and not
+    enforced for it, as when the engine's DaemonSet does not tolerate that
+    node's taint. Such pods are still peers of the policies that guard others.
     """
-    return _Compiler(pods, namespaces, recheck_established).compile(policies)
+    return _Compiler(pods, namespaces, recheck_established, guarded_nodes).compile(policies)
