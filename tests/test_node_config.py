@@ -186,20 +186,21 @@ def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_ow
 
 @pytest.mark.parametrize("runtime, enforce, cuts, flags", [
     # The reference platform cuts open connections on either node layer.
-    ("agent", True, "default", ["--recheck-established"]),
+    ("agent", True, "default", ["--host-ports", "--recheck-established"]),
     ("kubelet", True, "default", ["--no-dns", "--recheck-established"]),
     # null: the engine's own way (the router cuts, kube-router keeps).
-    ("agent", True, None, ["--recheck-established"]),
+    ("agent", True, None, ["--host-ports", "--recheck-established"]),
     ("kubelet", True, None, ["--no-dns", "--no-network-policy"]),
-    ("agent", True, False, []),
+    ("agent", True, False, ["--host-ports"]),
     ("kubelet", True, False, ["--no-dns", "--no-network-policy"]),
     # No engine at all: nothing to cut with.
-    ("agent", False, True, ["--no-network-policy"]),
+    ("agent", False, True, ["--host-ports", "--no-network-policy"]),
     ("kubelet", False, True, ["--no-dns", "--no-network-policy"]),
 ])
 def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(runtime, enforce, cuts, flags) -> None:
     """On real nodes kube-router judges every connection in its node; the router's engine joins it,
-    judging every packet that crosses the router, only to cut connections opened before a policy."""
+    judging every packet that crosses the router, only to cut connections opened before a policy.
+    The node agent's nodes have no CNI portmap plugin: the pod network serves their hostPorts."""
     from clusters.embedded.platform import pod_network_flags
     from clusters.embedded.profile import load_profile
 

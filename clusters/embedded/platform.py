@@ -125,7 +125,7 @@ def pod_network_flags(profile: Profile) -> list[str]:
     connections opened before a policy, which kube-router keeps.
     """
     real_nodes = profile.node_runtime == "kubelet"
-    flags = ["--no-dns"] if real_nodes else []
+    flags = ["--no-dns"] if real_nodes else ["--host-ports"]  # real nodes: CNI portmap
     if profile.cuts_open_connections:
         flags.append("--recheck-established")
     elif real_nodes or not profile.enforces_network_policy:

@@ -119,6 +119,21 @@ def test_an_engine_on_some_nodes_guards_only_the_pods_there():
     assert Pod.from_api({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}, "status": {}}).node == "n1"
 
 
+def test_host_ports_map_to_their_pods_first_come_first_served():
+    from clusters.embedded.podnet.nodeports import compile_host_ports
+
+    def pod(name: str, ip: str | None, ports: list) -> Pod:
+        return Pod.from_api({"metadata": {"namespace": "t", "name": name}, "spec": {"containers": [{"ports": ports}]},
+                             "status": {"podIP": ip, "phase": "Running"}})
+
+    head = pod("a-head", "198.18.0.7", [{"containerPort": 8265, "hostPort": 8265}, {"containerPort": 6379}])
+    other = pod("b-head", "198.18.0.8", [{"containerPort": 8265, "hostPort": 8265},
+                                         {"containerPort": 53, "hostPort": 5353, "protocol": "UDP"}])
+    pending = pod("c", None, [{"containerPort": 10001, "hostPort": 10001}])
+    ports = compile_host_ports([other, head, pending])
+    assert list(ports) == [8265] and (ports[8265].cluster_ip, ports[8265].port) == ("198.18.0.7", 8265)
+
+
 def test_namespace_selector_alone_and_with_pod_selector():
     chains = _compile(_pol("p", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [{"from": [
         {"namespaceSelector": {"matchLabels": {"team": "x"}}},

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="accept NetworkPolicies but enforce none (a CNI without policy support)")
     run.add_argument("--policy-nodes", help="comma-separated nodes the NetworkPolicy engine runs on (default: "
                                             "every node); pods on others are never guarded")
+    run.add_argument("--host-ports", action="store_true",
+                     help="serve pods' hostPorts on the node address (nodes without a CNI portmap plugin)")
     run.add_argument("--proxy-port", type=int, help="also serve the cluster proxy on 127.0.0.1:<port>")
     run.add_argument("--no-dns", action="store_true",
                      help="serve no cluster DNS (the real nodes run CoreDNS as pods behind the kube-dns Service)")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ctl = PodNetworkController(args.kubeconfig, args.platform, state_dir=args.state_dir,
                                recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port,
                                enforce_policies=not args.no_network_policy, serve_dns=not args.no_dns,
-                               policy_nodes=frozenset(args.policy_nodes.split(",")) if args.policy_nodes else None)
+                               policy_nodes=frozenset(args.policy_nodes.split(",")) if args.policy_nodes else None,
+                               host_ports=args.host_ports)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

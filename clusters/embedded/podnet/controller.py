@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from clusters.embedded.podnet.dns import build_zone
 from clusters.embedded.podnet.model import Namespace, Pod, Service, endpoints_from_slices
 from clusters.embedded.podnet.network import POD_CIDR, ROUTER_IP, SERVICE_CIDR, PodNetwork
-from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compile_node_ports
+from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compile_host_ports, compile_node_ports
 from clusters.embedded.podnet.policy import PolicyError, compile_policies
 from clusters.embedded.podnet.proxy import ClusterProxy
 from clusters.embedded.podnet.services import compile_services
@@ -135,7 +135,7 @@ class PodNetworkController:
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
                  enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True,
-                 policy_nodes: frozenset[str] | None = None):
+                 policy_nodes: frozenset[str] | None = None, host_ports: bool = False):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -152,6 +152,9 @@ class PodNetworkController:
         self.enforce_policies = enforce_policies
         # The nodes the policy engine runs on (None: all); see compile_policies.
         self.policy_nodes = policy_nodes
+        # Pods' hostPorts served on the node address (the node agent's nodes;
+        # real nodes map them with the CNI portmap plugin).
+        self.host_ports = host_ports
         # Where a CNI hands out addresses this controller learns late (the real nodes): see policy's "New pods".
         self.debounce_s = debounce_s
         self.applied_generation = -1
@@ -167,7 +170,7 @@ class PodNetworkController:
                                   unix_path=cluster_proxy_socket(network.state_dir), tcp_port=proxy_tcp_port,
                                   resolve=self._resolve)
         self.nodeports = NodePortForwarder(network.router, node_ip=node_ip, source_ip=ROUTER_IP,
-                                           allowed=(SERVICE_CIDR,))
+                                           allowed=(SERVICE_CIDR, POD_CIDR) if host_ports else (SERVICE_CIDR,))
 
     @property
     def recheck_established(self) -> bool:
@@ -285,6 +288,8 @@ class PodNetworkController:
             self._last["filter"] = filt.rules()
         # After the nat table: a node port opens only once its cluster IP's DNAT is live.
         node_ports = compile_node_ports(services, endpoints)
+        if self.host_ports:  # a node port the API server gave a Service keeps it
+            node_ports = {**compile_host_ports(pods), **node_ports}
         if node_ports != self._last.get("nodeports") or self.nodeports.errors:
             self.nodeports.update(node_ports)
             self._last["nodeports"] = node_ports

@@ -91,22 +91,26 @@ class Pod:
     # container port name -> (port, protocol), for NetworkPolicy named ports
     named_ports: Mapping[str, tuple[int, str]] = field(default_factory=dict)
     node: str | None = None  # spec.nodeName
+    host_ports: Mapping[int, int] = field(default_factory=dict)  # TCP hostPort -> containerPort
 
     @classmethod
     def from_api(cls, obj: Mapping[str, Any]) -> "Pod":
         meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
         named: dict[str, tuple[int, str]] = {}
+        host: dict[int, int] = {}
         for c in spec.get("containers") or []:
             for p in c.get("ports") or []:
                 if p.get("name"):
                     named[p["name"]] = (int(p["containerPort"]), p.get("protocol") or "TCP")
+                if p.get("hostPort") and (p.get("protocol") or "TCP") == "TCP":
+                    host[int(p["hostPort"])] = int(p["containerPort"])
         ip = status.get("podIP")
         # A finished pod's address goes back to the pool and may be reused by
         # another pod: it must no longer count as this pod's.
         if status.get("phase") in ("Succeeded", "Failed") or spec.get("hostNetwork"):
             ip = None
         return cls(meta.get("namespace") or "default", meta["name"], ip, dict(meta.get("labels") or {}), named,
-                   spec.get("nodeName"))
+                   spec.get("nodeName"), host)
 
 
 @dataclass(frozen=True)

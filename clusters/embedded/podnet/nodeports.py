@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from clusters.embedded.podnet import _host
-from clusters.embedded.podnet.model import Endpoint, Service
+from clusters.embedded.podnet.model import Endpoint, Pod, Service
 from clusters.embedded.podnet.proxy import DIAL_TIMEOUT_S, splice
 from clusters.embedded.podnet.services import ready_endpoints
 
@@ -54,7 +54,8 @@ NODE_PORT_TYPES = ("NodePort", "LoadBalancer")
 
 @dataclass(frozen=True)
 class NodePortTarget:
-    """Where one node port forwards: a service port's cluster IP."""
+    """Where one node port forwards: a service port's cluster IP (or, for a
+    pod's hostPort, the pod's address and container port)."""
 
     label: str  # "<namespace>/<name>:<port name or number>", for logs and evidence
     cluster_ip: str
@@ -75,6 +76,21 @@ def compile_node_ports(services: Iterable[Service],
             # The API server never gives one node port to two services; first wins if fed otherwise.
             out.setdefault(port.node_port, NodePortTarget(f"{svc.namespace}/{svc.name}:{port.name or port.port}",
                                                           svc.cluster_ip, port.port))
+    return out
+
+
+def compile_host_ports(pods: Iterable[Pod]) -> dict[int, NodePortTarget]:
+    """hostPort -> the pod's address and container port, for running pods'
+    TCP hostPorts: what the CNI portmap plugin maps on a real node. Every
+    node of the node agent has the address :data:`NODE_IP`, so two pods
+    asking for one hostPort are one port here: the first (by namespace and
+    name) wins, as the scheduler would have kept them on different nodes."""
+    out: dict[int, NodePortTarget] = {}
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+        for host_port, container_port in sorted(pod.host_ports.items()):
+            if pod.ip:
+                out.setdefault(host_port, NodePortTarget(f"{pod.namespace}/{pod.name}:{container_port} (hostPort)",
+                                                         pod.ip, container_port))
     return out
 
 
