@@ -39,11 +39,23 @@ EVENT = Tier("gcs_event", timeouts.RAYCLUSTER_READY.seconds + timeouts.SERVE_APP
 # -- helpers -------------------------------------------------------------------------
 
 
-def head_memory_bytes(obj: dict[str, Any]) -> int:
-    """The memory limit of the head container of a RayCluster or RayService (its golden template's)."""
+def head_memory_limit(lab, ns: str, cluster: str) -> int:
+    """The memory limit of the head container of ``cluster``'s head pod, as
+    the cluster created it (its golden template's, or a LimitRange's default);
+    a head without one fails the clause: nothing would OOM-kill it alone."""
     from kubernetes.utils import parse_quantity
 
-    return int(parse_quantity(golden.head_container(obj)["resources"]["limits"]["memory"]))
+    pods = [p for p in lab.pods(ns, f"ray.io/cluster={cluster},ray.io/node-type=head")
+            if p.metadata.deletion_timestamp is None]
+    assert pods, f"RayCluster {ns}/{cluster} has no head pod"
+    pod = min(pods, key=lambda p: p.metadata.creation_timestamp)
+    limit = ((pod.spec.containers[0].resources.limits or {}) if pod.spec.containers[0].resources else {}).get("memory")
+    if limit is None:
+        pytest.fail(f"the head container of {ns}/{pod.metadata.name} ({cluster}) has no memory limit, from its golden "
+                    "template or a LimitRange of the team's namespace: a head past its memory takes its node's instead "
+                    "of being OOM-killed and restarted alone, so a GCS that grows reaches every pod of the node",
+                    pytrace=False)
+    return int(parse_quantity(limit))
 
 
 def require_oom_landed(killed: dict[str, Any], ns: str, cluster: str, target_bytes: int, limit_bytes: int) -> None:
@@ -300,7 +312,8 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
         evidence.record("head_before", before)
         evidence.record("worker_pods_before", workers_before)
         evidence.record("ray_nodes_before", nodes_before)
-        target_bytes = PRESSURE_FACTOR * head_memory_bytes(service)
+        limit_bytes = head_memory_limit(lab, ns, cluster)
+        target_bytes = PRESSURE_FACTOR * limit_bytes
         pressure = lab.name("head-pressure")
         with Timeline(lambda: {**head_sample(lab, ns, cluster), **service_sample(lab, ns, name)},
                       f"sampling RayService {ns}/{name} through the head OOM") as timeline:
@@ -316,7 +329,7 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
                 killed = runner.output(journal, "head-oom-killed")
                 submitted_at = injected["submitted_at"]
             evidence.record("oom_probe", killed)
-            require_oom_landed(killed, ns, cluster, target_bytes, head_memory_bytes(service))
+            require_oom_landed(killed, ns, cluster, target_bytes, limit_bytes)
             with evidence.phase("recovery: head Ready, apps RUNNING"):
                 head_after = wait_for(lambda: head_sample(lab, ns, cluster),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
@@ -507,7 +520,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     other = lab.name("team-b")
     ticks_long = int(EVENT.seconds + SERVICE_UP.seconds)
     with evidence.phase("deploy both teams"):
-        team_a = lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster_a, workers=1))
+        lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster_a, workers=1))
         lab.create_ray(ns_b, "rayjobs", lab.rayjob(ns_b, other, tick_entrypoint(ticks_long), workers=1))
     with deleted_first(lab, ns_a, "rayclusters", cluster_a):
         with evidence.phase("deploy both teams"):
@@ -530,7 +543,8 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
         before = head_sample(lab, ns_a, cluster_a)
         evidence.record("team_b_pods_before", b_before)
         evidence.record("head_before", before)
-        target_bytes = PRESSURE_FACTOR * head_memory_bytes(team_a)
+        limit_bytes = head_memory_limit(lab, ns_a, cluster_a)
+        target_bytes = PRESSURE_FACTOR * limit_bytes
         with Timeline(lambda: {**head_sample(lab, ns_a, cluster_a), "victim": rayjob_sample(lab, ns_a, victim),
                                "team_b": rayjob_sample(lab, ns_b, other)},
                       "sampling team A's head and jobs of both teams through the head OOM") as timeline:
@@ -545,7 +559,7 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
                 submitted_at = runner.output(journal, "submit-head-pressure")["submitted_at"]
                 killed = runner.output(journal, "head-oom-killed")
             evidence.record("oom_probe", killed)
-            require_oom_landed(killed, ns_a, cluster_a, target_bytes, head_memory_bytes(team_a))
+            require_oom_landed(killed, ns_a, cluster_a, target_bytes, limit_bytes)
             with evidence.phase("recovery"):
                 head_after = wait_for(lambda: head_sample(lab, ns_a, cluster_a),
                                       lambda h: h["ready"] and (h["restarts"] or 0) > before["restarts"],
