@@ -9,10 +9,12 @@ identity bound to that ClusterRole and nothing else, so every certification
 of it shows the role is enough.
 
 The role reads no Secrets (it creates one: a GCS Redis password the golden
-template names), creates nothing cluster-scoped but namespaces,
-and writes only in the namespaces the suite creates (Kubernetes RBAC cannot
-say "only namespaces I created": the run label and owner annotation on each
-namespace, and the janitor's refusal to touch any without them, do that).
+template names), creates nothing cluster-scoped but namespaces, and writes
+only in the namespaces the suite creates. Kubernetes RBAC cannot say "only
+namespaces I created", so the API server is told by a ValidatingAdmissionPolicy
+shipped beside the role (:data:`SHIPPED_GUARD_FILE`): it refuses the
+certifier's writes outside namespaces labelled with a run, and preflight
+checks it is in force (:func:`write_let_through`).
 Discovery, ``/version`` and self-subject reviews are granted to every
 authenticated user by Kubernetes' default roles and are not listed.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROLE_NAME = "rayproof-certifier"
 SHIPPED_ROLE_FILE = f"clusters/rbac/{ROLE_NAME}.yaml"  # in the repository
@@ -30,6 +33,12 @@ SHIPPED_ROLE = Path(__file__).resolve().parents[1] / SHIPPED_ROLE_FILE
 SHIPPED_PRIORITY_CLASS_FILE = "clusters/rbac/rayproof-priorityclass.yaml"
 SHIPPED_PRIORITY_CLASS = Path(__file__).resolve().parents[1] / SHIPPED_PRIORITY_CLASS_FILE
 REGENERATE = f"python -m clusters.access > {SHIPPED_ROLE_FILE}"
+# What makes the API server refuse the certifier any write outside its
+# runs' namespaces (a ValidatingAdmissionPolicy and its binding).
+SHIPPED_GUARD_FILE = "clusters/rbac/rayproof-certifier-guard.yaml"
+SHIPPED_GUARD = Path(__file__).resolve().parents[1] / SHIPPED_GUARD_FILE
+# Where preflight tries a write the guard must refuse: a namespace every cluster has.
+GUARD_PROBE_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,26 @@ RULES = (
          "compared with the waitForPodsReady the profile promises; without it that promise is taken on trust",
          names=("kueue-manager-config",), optional=True),
 )
+
+
+def write_let_through(api: Any) -> str | None:
+    """What the API server let this identity write outside its runs'
+    namespaces, or None where it refused: a dry-run ConfigMap in namespace
+    ``default`` (admission runs, nothing is stored). RBAC allows it (the
+    ClusterRole creates ConfigMaps wherever it is bound); only the guard
+    (:data:`SHIPPED_GUARD_FILE`) or a narrower binding refuses it."""
+    from kubernetes import client
+
+    body = {"metadata": {"generateName": "rayproof-guard-probe-", "labels": {"app.kubernetes.io/name": "rayproof"}}}
+    try:
+        client.CoreV1Api(api).create_namespaced_config_map(GUARD_PROBE_NAMESPACE, body, dry_run="All")
+    except client.ApiException as exc:
+        if exc.status in (403, 422):  # refused: by admission (the guard) or by RBAC
+            return None
+        if exc.status == 404:  # no such namespace here: nothing to write into, nothing to refuse
+            return None
+        raise
+    return f"a ConfigMap in namespace {GUARD_PROBE_NAMESPACE} (dry run) was accepted"
 
 
 def checks(every: bool = False) -> list[tuple[str, str, str, str]]:

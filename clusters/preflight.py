@@ -78,6 +78,13 @@ def preflight(api: Any, profile: Any, *, server_timeout_s: float = 10.0) -> dict
             "and bind it to this identity with a ClusterRoleBinding (the suite creates its own namespaces, so a "
             "namespaced Role is not enough); nothing was created")
 
+    let_through = access.write_let_through(api)
+    if let_through:
+        raise PreflightError(
+            f"the API server at {host} lets {_whoami(api)} write outside the namespaces its runs create ({let_through}): "
+            f"apply {access.SHIPPED_GUARD_FILE} (a ValidatingAdmissionPolicy, Kubernetes 1.30+) with this identity's "
+            "username in it, so the cluster itself confines the certification; nothing was created")
+
     problems = operator_problems(api)
     if problems:
         raise PreflightError(f"the operators on the cluster at {host} cannot run the clauses: " + "; ".join(problems)

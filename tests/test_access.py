@@ -34,3 +34,16 @@ def test_the_role_reads_no_secret_and_writes_nothing_cluster_scoped_but_namespac
     writes = {(group, resource) for verb, group, resource, _ in checks if verb in WRITES} & CLUSTER_SCOPED
     assert writes == {("", "namespaces")}, writes
     assert all(rule.why for rule in access.RULES)
+
+
+def test_the_shipped_guard_confines_the_shipped_role_by_username():
+    """The ValidatingAdmissionPolicy beside the ClusterRole names the identity
+    the embedded platform binds the role to, and its binding denies."""
+    import yaml
+
+    policy, binding = yaml.safe_load_all(access.SHIPPED_GUARD.read_text())
+    assert (policy["kind"], binding["kind"]) == ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert f"['{access.ROLE_NAME}']" in policy["spec"]["matchConditions"][0]["expression"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert {"CREATE", "UPDATE", "DELETE"} <= set(policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"])

@@ -344,6 +344,15 @@ class EmbeddedPlatform:
             "metadata": {"name": access.ROLE_NAME},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": access.ROLE_NAME},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": access.ROLE_NAME}]})
+        admission = client.AdmissionregistrationV1Api(self.api_client())
+        policy, binding = yaml.safe_load_all(access.SHIPPED_GUARD.read_text())
+        admission.create_validating_admission_policy(policy)
+        admission.create_validating_admission_policy_binding(binding)
+        certifier = self.api_client(certifier=True)
+        wait_for(lambda: access.write_let_through(certifier), lambda let_through: let_through is None,
+                 timeout=timeouts.CONTROLLER_RECONCILE,
+                 description=f"the API server of platform {self.name} to refuse {access.ROLE_NAME} a write outside "
+                             f"its runs' namespaces ({access.SHIPPED_GUARD_FILE} in force)")
 
     def _start_onboarding(self) -> None:
         """The platform's namespace onboarding (``onboarding/``): team namespaces get their queues and policies."""
