@@ -258,42 +258,47 @@ def test_an_operator_installed_but_down_or_too_old_is_refused(kube_api, monkeypa
     assert "kueue-controller-manager runs" not in text, "v0.17.0 is new enough"
 
 
-def test_the_api_server_refuses_the_certifier_writes_outside_its_runs(kube_api, run_id: str) -> None:
+def test_the_api_server_refuses_the_certifier_writes_outside_its_runs(target, kube_api, run_id: str) -> None:
     """RBAC lets the certifier's ClusterRole write wherever its verbs reach;
     the shipped guard (a ValidatingAdmissionPolicy) makes the API server
     refuse what the suite must never do (each tried as a dry run: admission
     runs, nothing is stored), and still lets it write in a run's namespace."""
     core = client.CoreV1Api(kube_api)
+    admin = client.CoreV1Api(target.platform.api_client())
+    stranger = f"rp-{run_id}-stranger"  # another tenant's namespace: no run label
+    admin.create_namespace({"metadata": {"name": stranger}})
     pod = {"metadata": {"name": "reads-a-secret"}, "spec": {"containers": [{"name": "c", "image": "busybox"}],
                                                            "volumes": [{"name": "s", "secret": {"secretName": "x"}}]}}
     refused = {
         "a pod in kube-system": lambda: core.create_namespaced_pod("kube-system", pod, dry_run="All"),
         "a ConfigMap in default": lambda: core.create_namespaced_config_map("default", {"metadata": {"name": "x"}},
                                                                              dry_run="All"),
-        "deleting kube-system": lambda: core.delete_namespace("kube-system", dry_run="All"),
-        "labelling kube-system as a run's": lambda: core.patch_namespace(
-            "kube-system", {"metadata": {"labels": {"rayproof.io/run": run_id}}}, dry_run="All"),
+        "deleting another tenant's namespace": lambda: core.delete_namespace(stranger, dry_run="All"),
+        "a pod in another tenant's namespace": lambda: core.create_namespaced_pod(stranger, pod, dry_run="All"),
         "a namespace without a run label": lambda: core.create_namespace({"metadata": {"name": f"rp-{run_id}-bare"}},
                                                                           dry_run="All"),
         "a NetworkPolicy in kube-system": lambda: client.NetworkingV1Api(kube_api).create_namespaced_network_policy(
             "kube-system", {"metadata": {"name": "x"}, "spec": {"podSelector": {}}}, dry_run="All"),
     }
     let_through = []
-    for what, write in refused.items():
-        try:
-            write()
-            let_through.append(what)
-        except client.ApiException as exc:
-            assert exc.status in (403, 422) and "rayproof-certifier-confinement" in (exc.body or ""), (what, exc.body)
+    try:
+        for what, write in refused.items():
+            try:
+                write()
+                let_through.append(what)
+            except client.ApiException as exc:
+                assert exc.status in (403, 422) and "rayproof-certifier-confinement" in (exc.body or ""), (what, exc.body)
+    finally:
+        admin.delete_namespace(stranger)
     assert let_through == []
     assert access.write_let_through(kube_api) is None
     ns = f"rp-{run_id}-guard"
     core.create_namespace({"metadata": {"name": ns, "labels": {"rayproof.io/run": run_id}}})
     try:
         core.create_namespaced_config_map(ns, {"metadata": {"name": "x"}}, dry_run="All")
-        privileged = {"metadata": {"name": "p"}, "spec": {"hostNetwork": True, "containers": [
+        on_the_node = {"metadata": {"name": "p"}, "spec": {"hostNetwork": True, "containers": [
             {"name": "c", "image": "busybox"}]}}
         with pytest.raises(client.ApiException, match="rayproof-certifier-confinement"):
-            core.create_namespaced_pod(ns, privileged, dry_run="All")
+            core.create_namespaced_pod(ns, on_the_node, dry_run="All")
     finally:
         core.delete_namespace(ns)
