@@ -241,3 +241,30 @@ def test_a_session_removes_the_lease_its_killed_workers_could_not_give_back(kube
             "without the session's word only the team namespace, whose owner is gone here, goes before the lease expires"
     finally:
         run.remove()
+
+
+def test_a_process_whose_lease_renewals_fail_stops_writing(monkeypatch) -> None:
+    """Renewals that keep failing for LOST_AFTER_S make the process's lease
+    lost (the lab fixture then ends the run, INCOMPLETE), with the error said."""
+    from types import SimpleNamespace as NS
+
+    lease = leases.RunLease.__new__(leases.RunLease)
+    lease.namespace, lease.name = "rp-run-x", "holder-1-n"
+    lease.renew_errors, lease.last_error = 0, ""
+    lease._renewed_at = 1000.0
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(leases.time, "monotonic", lambda: clock["now"])
+    assert lease.lost is None
+    clock["now"] += leases.LOST_AFTER_S - 1
+    assert lease.lost is None, "one renewal from expiry is still held"
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("connection refused")
+
+    lease._leases = NS(patch_namespaced_lease=refuse)
+    stops = iter([False, True])
+    lease._stop = NS(wait=lambda _s: next(stops))
+    lease._renew()
+    clock["now"] += 2
+    lost = lease.lost
+    assert lost and "rp-run-x/holder-1-n" in lost and "connection refused" in lost and "stops writing" in lost
