@@ -522,8 +522,17 @@ def cmd_clean(args: argparse.Namespace) -> int:
                 print(f"rayproof: {state.describe()}; not touching it", file=sys.stderr)
                 return CLEAN_REFUSED_EXIT
             swept = janitor.sweep(cluster=lambda: api, run_id=run_id)
-        else:
+        elif args.kubeconfig or args.platform_name:
             swept = janitor.sweep(cluster=cluster, older_than_s=older_than_s)
+        else:  # every embedded platform of this machine, after the local sweep took down dead sessions' ones
+            swept = janitor.sweep(older_than_s=older_than_s)
+            running, unchecked = janitor.embedded_clusters_to_clean()
+            for name, api in running:
+                leftovers = janitor.orphaned_on_cluster(api, older_than_s=older_than_s)
+                swept += [f"deleted {what} (platform {name})" for what in janitor.clean_on_cluster(api, leftovers)]
+            for what in unchecked:
+                print(f"rayproof: could not check {what}; bring it up, or take it down with `rayproof down "
+                      f"--name`", file=sys.stderr)
     except BadInput as exc:
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
@@ -641,13 +650,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("clean", help=cmd_clean.__doc__, epilog=f"exit status: 0 done (what was removed is printed), "
                        f"{CLEAN_REFUSED_EXIT} --run names a live run, {BAD_INPUT_EXIT} bad input")
-    p.add_argument("--kubeconfig", help="also clean this cluster (default: the embedded platform when it runs)")
+    p.add_argument("--kubeconfig", help="also clean this cluster (default: every embedded platform that runs, as "
+                                        "its certifying identity; those that do not are named)")
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--run", metavar="ID", help="only this run's namespaces (the rayproof.io/run label), also where "
                                                "no owner can be judged; refused while the run's lease is renewed")
     p.add_argument("--older-than", metavar="AGE", help="also namespaces older than AGE (90s, 30m, 2h, 1d) whose "
                                                        "owner cannot be judged (made by an older rayproof)")
-    p.add_argument("--platform-name", default="default", help="embedded platform to clean (default: default)")
+    p.add_argument("--platform-name", help="only this embedded platform (default: every one of this machine)")
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("bench", help=cmd_bench.__doc__)

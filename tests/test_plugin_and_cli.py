@@ -319,3 +319,22 @@ def test_platform_commands_with_a_bad_name_or_profile_are_bad_input(tmp_path, ca
     assert "platform name 'Bad_Name!' must be" in capsys.readouterr().err
     assert cli.main(["down", "--name", "ok", "--profile", str(tmp_path / "none.yaml")]) == cli.BAD_INPUT_EXIT
     assert "cannot read profile" in capsys.readouterr().err
+
+
+def test_clean_looks_at_every_embedded_platform_and_names_those_it_could_not_check(monkeypatch, capsys):
+    """Without --kubeconfig or --platform-name, `clean` sweeps every running
+    embedded platform of the machine (as its certifier) and says which it
+    could not check, instead of looking at `default` alone."""
+    from fixtures import janitor
+
+    seen = []
+    monkeypatch.setattr(janitor, "sweep", lambda **kw: [])
+    monkeypatch.setattr(janitor, "embedded_clusters_to_clean",
+                        lambda: ([("a", "api-a"), ("b", "api-b")], ["embedded platform c (failed, not healthy)"]))
+    monkeypatch.setattr(janitor, "orphaned_on_cluster", lambda api, **kw: seen.append(api) or [f"left-on-{api}"])
+    monkeypatch.setattr(janitor, "clean_on_cluster", lambda api, left: [f"namespace of {left[0]}"] if api == "api-b" else [])
+    assert cli.main(["clean"]) == 0
+    out, err = capsys.readouterr()
+    assert seen == ["api-a", "api-b"]
+    assert "deleted namespace of left-on-api-b (platform b)" in out
+    assert "could not check embedded platform c (failed, not healthy)" in err
