@@ -40,16 +40,13 @@ def _stop(session: subprocess.Popen) -> str:
 
 def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
     run = new_run_id()
-    run_dir = janitor.TMP / f"rayproof-{run}"
     session = _session(tmp_path, f"""
         import os, pathlib, signal, subprocess
         from fixtures import janitor, netns
         from rayproof import processes
 
         def test_worker_dies_holding_a_local_run():
-            run_dir = janitor.TMP / "rayproof-{run}"
-            run_dir.mkdir()
-            processes.write_owner(run_dir)
+            processes.write_owner(processes.run_record("{run}"))
             host = netns.Network("{run}").open().add_host("n")
             sleeper = subprocess.Popen(host.prefix() + ["sleep", "600"])
             pathlib.Path(os.environ["RP_OUT"], "sleeper").write_text(str(sleeper.pid))
@@ -63,12 +60,12 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
         assert "swept: run " + run in output, output
         wait_for(lambda: processes.alive(sleeper), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
                  description=f"the killed worker's process {sleeper} to be gone")
-        assert not run_dir.exists(), output
+        assert run not in processes.run_records(), output
         assert netns.list_namespaces(f"rayproof-{run}-") == [], output
     finally:
         if session.poll() is None:
             _stop(session)
-        if run_dir.exists():  # what the sweep did not remove, so this test leaves nothing either
+        if run in processes.run_records():  # what the sweep did not remove, so this test leaves nothing either
             janitor.clean_run(run)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -91,10 +92,9 @@ def test_janitor_cleans_an_orphaned_run_and_leaves_live_ones(tmp_path):
     sleeper = subprocess.Popen(host.prefix() + ["sleep", "600"])
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (run_dir / "owner").write_text(dataclasses.replace(processes.me(), pid=dead.pid).token)
+    (processes.run_record(run) / "owner").write_text(dataclasses.replace(processes.me(), pid=dead.pid).token)
     live_run = new_run_id()
-    live_dir = janitor.TMP / f"rayproof-{live_run}"
-    live_dir.mkdir()
+    live_dir = processes.run_record(live_run)
     processes.write_owner(live_dir)
     try:
         assert run in janitor.orphaned_runs()
@@ -103,13 +103,28 @@ def test_janitor_cleans_an_orphaned_run_and_leaves_live_ones(tmp_path):
         assert f"process {sleeper.pid}" in removed
         sleeper.wait()
         assert netns.list_namespaces(f"rayproof-{run}-") == []
-        assert not run_dir.exists()
+        assert not run_dir.exists() and not processes.run_record(run).joinpath("owner").exists()
         assert live_dir.exists()
     finally:
         sleeper.kill()
         net.close()
         live_dir.joinpath("owner").unlink()
         live_dir.rmdir()
+
+
+def test_an_owner_planted_under_tmp_is_never_acted_on():
+    """Any local user can write /tmp/rayproof-<run>/owner with a dead process's
+    token; `clean` reads owners only from the runtime directory."""
+    run = new_run_id()
+    planted = janitor.TMP / f"rayproof-{run}"
+    planted.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        (planted / "owner").write_text(dataclasses.replace(processes.me(), pid=dead.pid).token)
+        assert run not in janitor.orphaned_runs()
+    finally:
+        shutil.rmtree(planted)
 
 
 def test_node_whose_ray_start_exits_while_starting_is_restarted(local_ray):
