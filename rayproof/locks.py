@@ -70,3 +70,17 @@ def open_lock(path: Path) -> int:
             raise UnsafePath(f"the lock file {path} is a symbolic link; the suite refuses to follow it. Remove it "
                              "and look for who made it") from None
         raise
+
+
+def run_record(run_id: str) -> Path:
+    """Where a local run's owner is recorded: ``<runtime dir>/runs/<run_id>/``,
+    a directory only this user may write (:func:`secure_dir`),
+    never the run's scratch under ``/tmp``, where any local user could plant
+    an owner that `clean` would act on."""
+    return secure_dir(secure_dir(runtime_dir() / "runs") / run_id)
+
+
+def run_records() -> dict[str, Path]:
+    """Every local run with an owner record: run id -> its record directory."""
+    root = secure_dir(runtime_dir() / "runs")
+    return {d.name: d for d in sorted(root.iterdir()) if d.is_dir() and (d / "owner").exists()}

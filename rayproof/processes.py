@@ -187,24 +187,6 @@ def token_pid(token: str) -> int | None:
 # -- owner files and users directories ----------------------------------------------
 
 
-def run_record(run_id: str) -> Path:
-    """Where a local run's owner is recorded: ``<runtime dir>/runs/<run_id>/``,
-    a directory only this user may write (:func:`rayproof.locks.secure_dir`),
-    never the run's scratch under ``/tmp``, where any local user could plant
-    an owner that `clean` would act on."""
-    from rayproof.locks import runtime_dir, secure_dir
-
-    return secure_dir(secure_dir(runtime_dir() / "runs") / run_id)
-
-
-def run_records() -> dict[str, Path]:
-    """Every local run with an owner record: run id -> its record directory."""
-    from rayproof.locks import runtime_dir, secure_dir
-
-    root = secure_dir(runtime_dir() / "runs")
-    return {d.name: d for d in sorted(root.iterdir()) if d.is_dir() and (d / "owner").exists()}
-
-
 def owner_pid(run_dir: Path) -> int | None:
     try:
         return token_pid((run_dir / "owner").read_text())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fixtures import janitor, netns
 from fixtures.local_ray import new_run_id
-from rayproof import processes, timeouts
+from rayproof import locks, processes, timeouts
 from rayproof.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
         from rayproof import processes
 
         def test_worker_dies_holding_a_local_run():
-            processes.write_owner(processes.run_record("{run}"))
+            processes.write_owner(locks.run_record("{run}"))
             host = netns.Network("{run}").open().add_host("n")
             sleeper = subprocess.Popen(host.prefix() + ["sleep", "600"])
             pathlib.Path(os.environ["RP_OUT"], "sleeper").write_text(str(sleeper.pid))
@@ -60,12 +60,12 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
         assert "swept: run " + run in output, output
         wait_for(lambda: processes.alive(sleeper), lambda alive: not alive, timeout=timeouts.PROCESS_EXIT,
                  description=f"the killed worker's process {sleeper} to be gone")
-        assert run not in processes.run_records(), output
+        assert run not in locks.run_records(), output
         assert netns.list_namespaces(f"rayproof-{run}-") == [], output
     finally:
         if session.poll() is None:
             _stop(session)
-        if run in processes.run_records():  # what the sweep did not remove, so this test leaves nothing either
+        if run in locks.run_records():  # what the sweep did not remove, so this test leaves nothing either
             janitor.clean_run(run)
 
 

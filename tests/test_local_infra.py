@@ -13,7 +13,7 @@ import pytest
 
 from fixtures import janitor, netns
 from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
-from rayproof import processes, timeouts
+from rayproof import locks, processes, timeouts
 from rayproof.cgroups import MemoryCgroup
 from rayproof.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
 from rayproof.waiting import wait_for
@@ -92,9 +92,9 @@ def test_janitor_cleans_an_orphaned_run_and_leaves_live_ones(tmp_path):
     sleeper = subprocess.Popen(host.prefix() + ["sleep", "600"])
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (processes.run_record(run) / "owner").write_text(dataclasses.replace(processes.me(), pid=dead.pid).token)
+    (locks.run_record(run) / "owner").write_text(dataclasses.replace(processes.me(), pid=dead.pid).token)
     live_run = new_run_id()
-    live_dir = processes.run_record(live_run)
+    live_dir = locks.run_record(live_run)
     processes.write_owner(live_dir)
     try:
         assert run in janitor.orphaned_runs()
@@ -103,7 +103,7 @@ def test_janitor_cleans_an_orphaned_run_and_leaves_live_ones(tmp_path):
         assert f"process {sleeper.pid}" in removed
         sleeper.wait()
         assert netns.list_namespaces(f"rayproof-{run}-") == []
-        assert not run_dir.exists() and not processes.run_record(run).joinpath("owner").exists()
+        assert not run_dir.exists() and not locks.run_record(run).joinpath("owner").exists()
         assert live_dir.exists()
     finally:
         sleeper.kill()
