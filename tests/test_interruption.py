@@ -43,7 +43,7 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
     session = _session(tmp_path, f"""
         import os, pathlib, signal, subprocess
         from fixtures import janitor, netns
-        from rayproof import processes
+        from rayproof import locks, processes
 
         def test_worker_dies_holding_a_local_run():
             processes.write_owner(locks.run_record("{run}"))
