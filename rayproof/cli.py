@@ -151,6 +151,14 @@ def cmd_certify(args: argparse.Namespace) -> int:
     if args.upgrade_to and (why := _bad_upgrade_target(args)):
         print(f"rayproof: --upgrade-to {args.upgrade_to}: {why}", file=sys.stderr)
         return BAD_INPUT_EXIT
+    if args.sign_key:
+        from reports import attestation
+
+        try:
+            attestation.load_private_key(Path(args.sign_key).expanduser())
+        except attestation.BadKey as exc:
+            print(f"rayproof: {exc}", file=sys.stderr)
+            return BAD_INPUT_EXIT
     try:
         profile = profile_mod.load(args.profile)
     except profile_mod.ProfileError as exc:
@@ -229,6 +237,11 @@ def _certification(args: argparse.Namespace, profile: Any, target: Any, out: Pat
                            versions=bundle.versions(described, runner, REPO))
     print(f"rayproof: {summary['verdict']} — {summary['verdict_reason']} — {out / 'certification.md'}")
     print(f"rayproof: evidence bundle {archive} (check it offline: bin/rayproof verify {archive})")
+    if args.sign_key:
+        from reports import attestation
+
+        signed = attestation.sign(archive, Path(args.sign_key).expanduser(), summary)
+        print(f"rayproof: signed statement {signed} (check it: bin/rayproof verify {archive} --key <public key>)")
     return {summary_mod.CERTIFIED: CERTIFIED_EXIT, summary_mod.NOT_CERTIFIED: NOT_CERTIFIED_EXIT}.get(
         summary["verdict"], NO_VERDICT_EXIT)
 
@@ -390,7 +403,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Check an evidence bundle offline: every file against its manifest, and its certificate against the one its
     results make."""
-    from reports import bundle
+    from reports import attestation, bundle
 
     path = Path(args.bundle)
     if not path.is_file():
@@ -413,6 +426,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return VERIFY_FAILED_EXIT
     print(f"rayproof: {path} verified: every file matches its manifest, and its certificate "
           f"({summary['verdict']}) is the one its results.json makes")
+    signed = attestation.envelope_path(path)
+    if args.key:
+        try:
+            problems = attestation.verify(path, signed, Path(args.key).expanduser(), summary)
+        except attestation.BadKey as exc:
+            print(f"rayproof: {exc}", file=sys.stderr)
+            return BAD_INPUT_EXIT
+        for problem in problems:
+            print(f"rayproof verify: {problem}", file=sys.stderr)
+        if problems:
+            print(f"rayproof: {path} does NOT verify: its signed statement {signed} does not vouch for it")
+            return VERIFY_FAILED_EXIT
+        print(f"rayproof: signed by the holder of {args.key}: {signed} names this bundle and its certificate")
+    elif signed.exists():
+        print(f"rayproof: {signed} signs it; pass --key <public key> to check who did")
     written_by = bundle.suite_commit(path)
     if written_by != bundle.commit_of(REPO):
         print(f"rayproof: its Markdown and HTML were rendered by suite commit {written_by}, not this checkout's: "
@@ -606,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
                         "trains (UPG-1; on an existing cluster you upgrade it when asked), certify again and compare: "
                         "OUT/before, OUT/upgrade, OUT/after, OUT/comparison.txt and OUT/upgrade.md (with -k: "
                         "before and after of those clauses only, PARTIAL)")
+    p.add_argument("--sign-key", metavar="KEY",
+                   help="sign the evidence bundle with this PEM private key (Ed25519, ECDSA or RSA, unencrypted): "
+                        "<bundle>.intoto.jsonl, an in-toto statement in a DSSE envelope naming the bundle's sha256 "
+                        "and its certificate")
     p.set_defaults(func=cmd_certify)
 
     p = sub.add_parser("test", help=cmd_test.__doc__)
@@ -620,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("verify", help=cmd_verify.__doc__, epilog=f"exit status: 0 verified, {VERIFY_FAILED_EXIT} "
                        f"does not verify (each problem printed; a damaged archive too), {BAD_INPUT_EXIT} not a bundle")
     p.add_argument("bundle", help="certification-<UTC time>.tar.gz written by certify")
+    p.add_argument("--key", metavar="PUB", help="also check <bundle>.intoto.jsonl: signed with this PEM public key's "
+                                                "private key, naming this bundle and the certificate its results make")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("export", help=cmd_export.__doc__, epilog=f"exit status: 0 written, {BAD_INPUT_EXIT} bad input "
@@ -699,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
 # Where the user ran `bin/rayproof`, which changes into the repository before it starts Python.
 CALLER_CWD_ENV = "RAYPROOF_CALLER_CWD"
 PATH_OPTIONS = ("kubeconfig", "profile", "platform_profile", "out", "results", "bundle", "old", "new", "ranges",
-                "add_to", "certifications")
+                "add_to", "certifications", "sign_key", "key")
 
 
 def from_callers_directory(args: argparse.Namespace) -> None:

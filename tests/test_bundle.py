@@ -199,3 +199,38 @@ def test_a_golden_templates_literal_password_is_not_shipped(tmp_path):
     assert "secretKeyRef" in published and "RAY_USAGE_STATS_ENABLED" in published and "'0'" in published
     plain = "apiVersion: ray.io/v1\nkind: RayJob\n"
     assert bundle.published_template(plain) == plain
+
+
+def test_a_forged_bundle_verifies_alone_but_not_against_its_signer(run_dir, tmp_path, capsys):
+    """The issue's forgery: the platform rows edited, the certificate rebuilt
+    from them and the manifest recomputed. The bundle alone still verifies;
+    its signed statement (certify --sign-key) no longer names it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from reports import attestation
+
+    _, archive = run_dir
+    key = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    (tmp_path / "k.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    _, made = bundle.verify(archive)
+    attestation.sign(archive, tmp_path / "k.pem", made)
+    assert cli.main(["verify", str(archive), "--key", str(tmp_path / "k.pub")]) == 0
+    assert "signed by the holder of" in capsys.readouterr().out
+
+    members = _members(archive)
+    certificate = json.loads(members["certification.json"])
+    certificate["platform"]["ray"] = "9.9.9"  # a platform row edited, the certificate rebuilt from it
+    members["certification.json"] = json.dumps(certificate, indent=2).encode()
+    members["MANIFEST.sha256"] = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n"
+                                         for name, data in members.items() if name != "MANIFEST.sha256").encode()
+    forged = _repack(archive, members, tmp_path / archive.name)
+    attestation.envelope_path(forged).write_bytes(attestation.envelope_path(archive).read_bytes())
+    assert cli.main(["verify", str(forged)]) == 0, "the certificate is rebuilt from the rows it records"
+    capsys.readouterr()
+    assert cli.main(["verify", str(forged), "--key", str(tmp_path / "k.pub")]) == cli.VERIFY_FAILED_EXIT
+    captured = capsys.readouterr()
+    assert "does NOT verify" in captured.out
