@@ -38,9 +38,9 @@ import psutil
 
 import benchmarks
 from benchmarks import machine
-from rayproof import processes, timeouts
-from rayproof.timeouts import Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core import processes, timeouts
+from core.timeouts import Tier
+from core.waiting import WaitTimeout, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("sigint", "sigterm", "sigkill", "worker")
@@ -49,7 +49,7 @@ RUN_TO_END = Tier("certify_to_end", 1800, "a certify run that lost an xdist work
 
 def _held_locks() -> list[str]:
     """Cluster-share lock files some process still holds."""
-    from rayproof.locks import runtime_dir
+    from core.locks import runtime_dir
 
     held = []
     for path in sorted((runtime_dir() / "cluster-shares").rglob("*")):

@@ -43,10 +43,10 @@ import yaml
 from benchmarks import machine
 from clusters.embedded import build
 from clusters.embedded.mutations import CatalogueError, Mutation, TEMPLATE_FILES, load
-from rayproof import processes, timeouts
-from rayproof.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE, clause_tests
-from rayproof.schema import merged
-from rayproof.timeouts import Tier
+from core import processes, timeouts
+from core.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE, clause_tests
+from core.schema import merged
+from core.timeouts import Tier
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_PLATFORM, OWN_PLATFORM = "mutbase", "mutplat"  # neither name a prefix of the other's resources

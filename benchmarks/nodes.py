@@ -132,8 +132,8 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
     from kubernetes import client
 
     from clusters.embedded.nodes import images, layer, rayimage
-    from rayproof import timeouts
-    from rayproof.waiting import wait_for
+    from core import timeouts
+    from core.waiting import wait_for
 
     core = client.CoreV1Api(platform.api_client())
     namespace = "bench-ray-image"

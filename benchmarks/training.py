@@ -15,8 +15,8 @@ from pathlib import Path
 
 from benchmarks import machine
 from fixtures.local_ray import LocalRayCluster
-from rayproof import timeouts
-from tests.runtime.training import lost_work, start_training
+from core import timeouts
+from fixtures.local_training import lost_work, start_training
 
 STEPS = 40
 CHECKPOINT_EVERY = 5

@@ -59,8 +59,8 @@ def ready(pod: Any) -> bool:
 
 def holds_within(check, within_s: float, description: str) -> bool:
     """True if ``check()`` holds now or becomes true within ``within_s`` seconds."""
-    from rayproof.timeouts import Tier
-    from rayproof.waiting import WaitTimeout, wait_for
+    from core.timeouts import Tier
+    from core.waiting import WaitTimeout, wait_for
 
     if not within_s:
         try:

@@ -52,8 +52,8 @@ def _rank_inside(kubeconfig: str, namespace: str, pods: list[Any], rayjob: str, 
     """The pod of the highest rank, once its driver's output shows that rank
     entering ``collective``: (pod, {rank, entered: the begin event, seen_after_s})."""
     from chaos.rayjob import driver_events
-    from rayproof.timeouts import Tier
-    from rayproof.waiting import wait_for
+    from core.timeouts import Tier
+    from core.waiting import wait_for
 
     by_ip = {p.status.pod_ip: p for p in pods}
     tier = Tier("collective_entered", within_s, f"a rank of RayJob {rayjob} entering {collective}")

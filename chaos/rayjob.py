@@ -1,6 +1,6 @@
 """RayJob actions and probes the experiments share: submit one, wait for a state.
 
-Waits go through :func:`rayproof.waiting.wait_for` with ``within_s`` as a
+Waits go through :func:`core.waiting.wait_for` with ``within_s`` as a
 named bound, and return what was last observed with the elapsed time, so the
 experiment journal records the outcome either way.
 """
@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from chaos import _kube
-from rayproof import kueue
-from rayproof.timeouts import CONTROLLER_RECONCILE, Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core import kueue
+from core.timeouts import CONTROLLER_RECONCILE, Tier
+from core.waiting import WaitTimeout, wait_for
 
 # What each named state means on a RayJob's status (and its Kueue Workload).
 STATES = {
@@ -124,7 +124,7 @@ def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: 
 
 def driver_events(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> list[dict[str, Any]]:
     """The events the driver of ``rayjob`` printed (every submitter pod's log, oldest first)."""
-    from rayproof.events import parse_events
+    from core.events import parse_events
 
     api = _kube.core(kubeconfig, context)
     pods = sorted(api.list_namespaced_pod(namespace, label_selector=f"job-name={rayjob}").items,

@@ -90,8 +90,8 @@ class ExistingCluster:
         """The suite does not upgrade what it did not install: it asks the
         person running it to, and waits until KubeRay's operator Deployment
         runs an image tagged ``version`` and has rolled out."""
-        from rayproof import timeouts
-        from rayproof.waiting import WaitTimeout, wait_for
+        from core import timeouts
+        from core.waiting import WaitTimeout, wait_for
 
         api = self.api_client()
         before = operator_versions(api)["kuberay"]

@@ -1,5 +1,5 @@
 """The conformance clauses: each test is one clause with an id and a MUST.
 
 The catalogue of clause ids is read from these files by
-:func:`rayproof.catalogue.catalogue`.
+:func:`core.catalogue.catalogue`.
 """

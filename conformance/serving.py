@@ -15,9 +15,9 @@ import yaml
 
 from fixtures.events import parse_events
 from fixtures.kube import condition
-from rayproof import timeouts
-from rayproof.timeouts import Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.timeouts import Tier
+from core.waiting import WaitTimeout, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = REPO / "workloads" / "serve_config.yaml"

@@ -10,8 +10,8 @@ from typing import Any
 
 from fixtures import manifests as mf
 from fixtures.events import parse_events
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 
 def training_rayjob(lab: Any, namespace: str, name: str, *, workers: int = 2, steps: int = 12,

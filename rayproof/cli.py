@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayproof import timeouts
-from rayproof.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE
+from core import timeouts
+from core.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE
 
 REPO = Path(__file__).resolve().parents[1]
 # pytest-xdist workers, for `test` and `certify` alike (why three: the
@@ -134,7 +134,7 @@ def clauses_selected(k: str) -> list[str]:
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary
     (with --upgrade-to: certify, upgrade the KubeRay operator under load, certify again, compare)."""
-    from rayproof import processes, profile as profile_mod
+    from core import processes, profile as profile_mod
 
     out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
     if why := bad_out_dir(out):
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", help="only clauses matching this pytest -k expression")
     p.add_argument("--kubeconfig", help="certify the existing cluster of this kubeconfig (default: the embedded platform)")
     p.add_argument("--context", help="kubeconfig context (default: its current context)")
-    p.add_argument("--profile", help="certification profile YAML merged over rayproof/profile.yaml")
+    p.add_argument("--profile", help="certification profile YAML merged over core/profile.yaml")
     p.add_argument("--platform-name", help="embedded platform: its name (default: default)")
     p.add_argument("--platform-profile", help="embedded platform: its platform profile YAML")
     p.add_argument("--reveal-tenant-names", action="store_true",

@@ -29,7 +29,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from rayproof import redaction
+from core import redaction
 from reports import summary as summary_mod
 
 MANIFEST = "MANIFEST.sha256"

@@ -8,7 +8,7 @@ import json
 from html import escape
 from typing import Any
 
-from rayproof import cost
+from core import cost
 from reports import timeline
 
 _COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#cf222e", "not applicable": "#6e7781"}

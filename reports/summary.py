@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rayproof import cost
+from core import cost
 from reports import html_page
 
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not applicable", "error"

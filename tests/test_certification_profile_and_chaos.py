@@ -14,8 +14,8 @@ import pytest
 from chaos import rayjob, straggler
 from chaos.runner import EXPERIMENTS
 from fixtures import golden, manifests as mf
-from rayproof import kueue, profile as profile_mod
-from rayproof.timeouts import Tier
+from core import kueue, profile as profile_mod
+from core.timeouts import Tier
 
 
 def test_default_profile_is_valid() -> None:

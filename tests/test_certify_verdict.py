@@ -17,9 +17,10 @@ import psutil
 import pytest
 
 from fixtures.kube import OWNER_ANNOTATION, TEST_LABEL
-from rayproof import cli, processes, timeouts
-from rayproof.timeouts import Tier
-from rayproof.waiting import wait_for
+from core import processes, timeouts
+from rayproof import cli
+from core.timeouts import Tier
+from core.waiting import wait_for
 from reports import bundle
 
 # Its certify runs sweep ended runs at start: one at a time with the tests

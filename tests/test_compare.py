@@ -11,7 +11,7 @@ import yaml
 
 from clusters.embedded import build
 from rayproof import cli
-from rayproof.catalogue import catalogue
+from core.catalogue import catalogue
 from reports import bundle, compare, summary
 
 

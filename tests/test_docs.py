@@ -90,7 +90,7 @@ def test_the_guides_sample_clause_is_collected_with_its_id_runs_and_passes(pytes
     (sample.parent / "__init__.py").write_text('"""Example clauses."""\n')
     sample.write_text(text)
 
-    from rayproof.catalogue import _CLAUSE_MARK
+    from core.catalogue import _CLAUSE_MARK
     assert _CLAUSE_MARK.findall(text) == [cid], "the clause catalogue reads the sample's id"
 
     out = pytester.path / "results.json"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from fixtures.events import EventLog, parse_events
-from rayproof.cost import record_idle_cost
+from core.cost import record_idle_cost
 from reports import summary
 from workloads.fsdp_train import failure_reason
 

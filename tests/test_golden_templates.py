@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from fixtures import golden, manifests as mf
-from rayproof import kueue, profile as profile_mod, timeouts
-from rayproof.waiting import wait_for
+from core import kueue, profile as profile_mod, timeouts
+from core.waiting import wait_for
 from tests.loopback_http import serving
 
 GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from fixtures import janitor, netns
 from fixtures.local_ray import new_run_id
-from rayproof import locks, processes, timeouts
-from rayproof.waiting import wait_for
+from core import locks, processes, timeouts
+from core.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_what_a_killed_worker_owned_is_swept_when_the_session_ends(tmp_path):
     session = _session(tmp_path, f"""
         import os, pathlib, signal, subprocess
         from fixtures import janitor, netns
-        from rayproof import locks, processes
+        from core import locks, processes
 
         def test_worker_dies_holding_a_local_run():
             processes.write_owner(locks.run_record("{run}"))
@@ -73,7 +73,7 @@ def test_a_nested_session_is_stopped_when_the_process_that_started_it_dies(tmp_p
     """A self-test's clause run outliving its killed worker would go on against a platform that is gone."""
     child = f"""
 import os, pathlib, signal, threading
-from rayproof import processes
+from core import processes
 signal.signal(signal.SIGTERM, processes.unwind_on_sigterm)
 processes.die_with_parent(int(os.environ[processes.DIE_WITH_PARENT_ENV]))
 try:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from rayproof import kueue
+from core import kueue
 
 
 def _reading(monkeypatch, config=None, status=None):

@@ -13,10 +13,10 @@ import pytest
 
 from fixtures import janitor, netns
 from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
-from rayproof import locks, processes, timeouts
-from rayproof.cgroups import MemoryCgroup
-from rayproof.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
-from rayproof.waiting import wait_for
+from core import locks, processes, timeouts
+from core.cgroups import MemoryCgroup
+from core.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
+from core.waiting import wait_for
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
          "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); [s.accept()[0].close() for _ in iter(int, 1)]"
@@ -294,7 +294,7 @@ def test_shares_count_the_workers_each_node_holds_beside_a_head_and_a_submitter(
 
     from clusters.preflight import workers_that_fit
     from fixtures.sharing import gangs_that_fit
-    from rayproof import profile as profile_mod
+    from core import profile as profile_mod
 
     profile = profile_mod.load()
     assert profile.worker_requests == {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "8"}
@@ -311,7 +311,7 @@ def test_host_slots_cap_work_on_this_machine_and_pass_to_children(tmp_path, monk
     """As many holders at once as slots; a process holding one (or whose
     ancestor does) takes no second; a third holder waits, naming the slots."""
     from fixtures import sharing
-    from rayproof.waiting import WaitTimeout
+    from core.waiting import WaitTimeout
 
     monkeypatch.setenv(sharing.HOST_SLOTS_ENV, "2")
     monkeypatch.delenv(sharing.HOST_SLOT_HELD_ENV, raising=False)
@@ -394,7 +394,7 @@ def test_a_lock_reached_through_a_symbolic_link_or_a_shared_directory_is_refused
     a symbolic link (to a file another user wants root to open) and a lock
     directory others may write are refused, naming the path."""
     from fixtures import sharing
-    from rayproof.locks import UnsafePath
+    from core.locks import UnsafePath
 
     shares = sharing.ClusterShares("https://cluster.example:6443", 1, root=tmp_path / "shares")
     target = tmp_path / "not-a-lock"

@@ -10,7 +10,7 @@ import yaml
 from benchmarks import mutants
 from clusters.embedded import mutations
 from clusters.embedded.mutations import CatalogueError, apply_edit
-from rayproof.catalogue import catalogue, clause_tests
+from core.catalogue import catalogue, clause_tests
 
 
 def test_every_entry_loads_and_names_clauses_of_the_catalogue():

@@ -88,7 +88,7 @@ def test_report_command_rebuilds_summary_without_a_cluster(tmp_path, capsys):
 
 
 def test_the_catalogue_is_every_clause_pytest_collects_from_conformance(pytester):
-    from rayproof.catalogue import CONFORMANCE, catalogue
+    from core.catalogue import CONFORMANCE, catalogue
 
     pytester.makeconftest('pytest_plugins = ["fixtures.plugin"]')
     result = pytester.runpytest(str(CONFORMANCE), "--collect-only", "-q", "-p", "no:cacheprovider")
@@ -98,7 +98,7 @@ def test_the_catalogue_is_every_clause_pytest_collects_from_conformance(pytester
 
 
 def test_results_record_the_catalogue_and_changed_bounds(pytester, monkeypatch):
-    from rayproof.catalogue import catalogue
+    from core.catalogue import catalogue
 
     monkeypatch.setenv("RAYPROOF_TIMEOUT_TRAINING_RUN", "900")
     _suite(pytester, CLAUSE_OK)

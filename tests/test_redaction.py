@@ -1,14 +1,14 @@
 """Secrets never reach a report: every attached log, evidence value and
-failure message passes through the redaction (rayproof/redaction.py)."""
+failure message passes through the redaction (core/redaction.py)."""
 from __future__ import annotations
 
-from rayproof import redaction
+from core import redaction
 
 SECRET = "5ecret0f7he9cs"  # stands for a local Redis password
 
 FAILING_GCS_CLAUSE = f'''
 import pytest
-from rayproof import redaction
+from core import redaction
 
 @pytest.mark.clause("GCS-X")
 def test_gcs(evidence, tmp_path):
@@ -51,7 +51,7 @@ def test_redaction_keeps_what_is_not_a_secret() -> None:
 
 
 def test_secret_fields_are_redacted_by_name_and_nothing_else():
-    from rayproof.redaction import REDACTED, redact_secret_fields
+    from core.redaction import REDACTED, redact_secret_fields
 
     doc = {"redisPassword": "p4ssw0rd", "tokenizer": "gpt2", "auth": {"redisPassword": {"value": "x1"}},
            "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "k"}, {"name": "MODEL", "value": "m"},

@@ -20,8 +20,9 @@ import pytest
 
 from fixtures import janitor, leases
 from fixtures.kube import OWNER_ANNOTATION, release_namespace
-from rayproof import cli, processes, timeouts
-from rayproof.waiting import wait_for
+from core import processes, timeouts
+from rayproof import cli
+from core.waiting import wait_for
 from tests.test_certify_verdict import CERTIFY_SWEEPS
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from clusters.embedded import build
 from rayproof import cli
-from rayproof.catalogue import catalogue
+from core.catalogue import catalogue
 
 
 class FakeTarget:

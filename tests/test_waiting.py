@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from rayproof.timeouts import Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core.timeouts import Tier
+from core.waiting import WaitTimeout, wait_for
 
 QUICK = Tier("quick_test", 0.3, "unit test")
 

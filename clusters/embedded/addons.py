@@ -41,8 +41,8 @@ from clusters.embedded.controlplane import (
     http_get,
     write_kubeconfig,
 )
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 KUEUE_NAMESPACE = "kueue-system"
 FIELD_MANAGER = "rayproof-embedded"
@@ -391,7 +391,7 @@ class Addons:
         through the API is what Kueue does."""
         from kubernetes import client
 
-        from rayproof import kueue
+        from core import kueue
 
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": kueue.CONFIG_MAP, "namespace": kueue.CONFIG_NAMESPACE},

@@ -14,7 +14,7 @@ Three pieces, usable on their own:
   phase, so ``status`` and ``down`` work from any process.
 * :class:`ControlPlane` wires the four upstream programs together with the
   certificates from :mod:`clusters.embedded.pki` and waits, through
-  :func:`rayproof.waiting.wait_for`, until they are serving.
+  :func:`core.waiting.wait_for`, until they are serving.
 
 Everything binds to 127.0.0.1 on free ports chosen at start; nothing listens
 on another address, and nothing is written outside the run directory.
@@ -41,8 +41,8 @@ import yaml
 
 from clusters.embedded import pki as pki_mod
 from clusters.embedded.profile import Profile, load_profile
-from rayproof import timeouts
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.waiting import WaitTimeout, wait_for
 
 CLUSTER_NAME = "rayproof-embedded"
 LOOPBACK = "127.0.0.1"
@@ -511,7 +511,7 @@ class ControlPlane:
         """Start all four programs and wait until the API is usable.
 
         Raises :class:`ProcessDied` (with the log's tail) if one exits, or
-        :class:`rayproof.waiting.WaitTimeout` if one does not become healthy
+        :class:`core.waiting.WaitTimeout` if one does not become healthy
         within ``CONTROL_PLANE_START``.
         """
         missing = [b for b in PROCESS_ORDER if b not in self.binaries]

@@ -49,8 +49,8 @@ from clusters.embedded.controlplane import (
     write_kubeconfig,
 )
 from clusters.embedded.profile import Profile, load_profile
-from rayproof import timeouts
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.waiting import WaitTimeout, wait_for
 
 DEFAULT_NAME = "default"
 BASELINE = Path(__file__).resolve().parent / "baseline.yaml"
@@ -390,7 +390,7 @@ class EmbeddedPlatform:
     def session_users(self) -> list[int]:
         """PIDs of the live test sessions using a platform that a test session
         brought up (none for one brought up by ``rayproof up``)."""
-        from rayproof.processes import live_pids_in
+        from core.processes import live_pids_in
 
         return live_pids_in(self._users_dir)
 
@@ -410,7 +410,7 @@ class EmbeddedPlatform:
         the logs) is kept for diagnosis with phase ``failed``, and the error
         is raised; the next ``up`` or ``down`` clears it.
         """
-        from rayproof.processes import join_users, owner_token
+        from core.processes import join_users, owner_token
 
         with self._locked():
             binaries = self.binaries()
@@ -487,7 +487,7 @@ class EmbeddedPlatform:
 
     def _joined(self, session: bool) -> "EmbeddedPlatform":
         """This platform, already up, reused (a session joins its users)."""
-        from rayproof.processes import join_users
+        from core.processes import join_users
 
         self.progress(f"platform {self.name} is already up: {self.run_dir}")
         if session and self.session_owned():
@@ -517,7 +517,7 @@ class EmbeddedPlatform:
     def leave(self) -> list[str]:
         """This session stops using the platform; the last live user of a
         platform a session brought up takes it down. Returns what was done."""
-        from rayproof.processes import leave_users
+        from core.processes import leave_users
 
         if not self.run_dir.parent.is_dir():
             return []
@@ -583,7 +583,7 @@ class EmbeddedPlatform:
 
     def owner_gone(self) -> bool:
         """The process that brought it up is known to have ended (False where that cannot be told)."""
-        from rayproof.processes import token_alive
+        from core.processes import token_alive
 
         return token_alive(self.state.read().get("owner", "")) is False
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from rayproof.schema import (  # noqa: F401 - parse_duration and ProfileError are re-exported
+from core.schema import (  # noqa: F401 - parse_duration and ProfileError are re-exported
     ProfileError, boolean, duration, env_map, int_range, load_layered, one_of, optional, parse_duration, quantity,
 )
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from fixtures import manifests as mf
 from fixtures.kube import condition
-from rayproof import kueue
+from core import kueue
 
 GPU = "nvidia.com/gpu"
 FINISHED = ("Complete", "Failed")

@@ -13,10 +13,10 @@ from conformance.admission.sampling import (FINISHED, Sampler, compact, conditio
 from conformance.training_jobs import gang_gpus, training_rayjob
 from fixtures import manifests as mf
 from fixtures.events import parse_events
-from rayproof import kueue, timeouts
-from rayproof.cost import record_idle_cost
-from rayproof.timeouts import Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core import kueue, timeouts
+from core.cost import record_idle_cost
+from core.timeouts import Tier
+from core.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob, wait_settled_checkpoint
-from rayproof import timeouts
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVI
 from fixtures import golden, manifests as mf
 from fixtures.events import parse_events
 from fixtures.kube import pod_ready
-from rayproof import timeouts
-from rayproof.timeouts import Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.timeouts import Tier
+from core.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 

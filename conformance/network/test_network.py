@@ -20,10 +20,10 @@ from fixtures import manifests as mf
 from fixtures.kube import pod_ready
 from fixtures.netprobe import port_probe_result, start_port_probe
 from fixtures.plugin import NOT_APPLICABLE
-from rayproof import timeouts
-from rayproof.cost import record_idle_cost
-from rayproof.selectors import selector_matches
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.cost import record_idle_cost
+from core.selectors import selector_matches
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

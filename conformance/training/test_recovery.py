@@ -17,9 +17,9 @@ from conformance.training_jobs import (
     training_rayjob,
     wait_settled_checkpoint,
 )
-from rayproof import timeouts
-from rayproof.cost import record_idle_cost
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.cost import record_idle_cost
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

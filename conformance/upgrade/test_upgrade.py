@@ -13,8 +13,8 @@ from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVI
                                  load_seconds, load_window, serve_config, serve_endpoints, service_sample, start_load)
 from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob
 from fixtures.plugin import NOT_APPLICABLE
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

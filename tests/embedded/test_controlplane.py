@@ -29,8 +29,8 @@ from clusters.embedded.controlplane import PROCESS_ORDER, listening_ports
 from clusters.embedded.platform import NODE_LAYER_PROCESSES, EmbeddedPlatform
 from fixtures.netns import list_namespaces
 from fixtures.sharing import host_slot
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

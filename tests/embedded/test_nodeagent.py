@@ -33,9 +33,9 @@ from clusters.embedded.nodeagent.agent import NodeAgent
 from clusters.embedded.nodeagent.envvars import expand
 from clusters.embedded.nodeagent.pods import Backoff
 from clusters.embedded.nodeagent.status import pod_phase
-from rayproof import timeouts
-from rayproof.cgroups import V1_ROOT, V2_ROOT
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.cgroups import V1_ROOT, V2_ROOT
+from core.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 3

@@ -20,9 +20,9 @@ from clusters.embedded.podnet import (NODE_IP, POD_NETWORK_SYNC, ROUTER_IP, Endp
                                       NodePortTarget, PodNetworkController, Service, ServicePort,
                                       check_available, compile_node_ports)
 from fixtures.exposure import exposed_endpoints, probe_endpoints
-from rayproof import timeouts
+from core import timeouts
 from tests.embedded.test_podnet import Listener
-from rayproof.waiting import wait_for
+from core.waiting import wait_for
 
 CONNECT_TIMEOUT_S = 1.0  # socket timeout of one connection on loopback and veths
 

@@ -17,7 +17,7 @@ from clusters.embedded.onboarding.controller import (
     render,
     shipped_classes,
 )
-from rayproof import profile as profile_mod
+from core import profile as profile_mod
 
 
 def _standard(namespace: str = "team-x", **labels: str) -> dict[str, dict]:

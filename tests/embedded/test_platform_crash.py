@@ -22,8 +22,8 @@ import pytest
 from clusters.embedded import build
 from clusters.embedded.controlplane import ProcRecord, Supervisor, listening_ports
 from clusters.embedded.platform import EmbeddedPlatform
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

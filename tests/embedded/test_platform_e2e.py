@@ -20,8 +20,8 @@ from kubernetes import client
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
 from fixtures.sharing import host_slot
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -31,8 +31,8 @@ from clusters.embedded.podnet import (DNS_IP, POD_NETWORK_SYNC, ClusterState, Dn
 from clusters.embedded.podnet import _host, dns
 from clusters.embedded.podnet.ipam import IPAM
 from clusters.embedded.podnet.iptables import render
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 # Socket timeout of one probe connection.  A connection the policy drops must
 # fail by timing out (DROP, not REJECT); one that is allowed connects in

@@ -11,8 +11,8 @@ import yaml
 from kubernetes import client, config
 
 from clusters import access, preflight as pf
-from rayproof import profile as profile_mod, timeouts
-from rayproof.waiting import wait_for
+from core import profile as profile_mod, timeouts
+from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

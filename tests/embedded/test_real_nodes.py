@@ -49,8 +49,8 @@ from clusters.embedded.podnet import DNS_IP, ROUTER_IP, _host
 from chaos import straggler
 from fixtures import janitor
 from fixtures.sharing import host_slot
-from rayproof import profile as profile_mod, timeouts
-from rayproof.waiting import wait_for
+from core import profile as profile_mod, timeouts
+from core.waiting import wait_for
 
 # One xdist worker takes the whole module, so its platform of real nodes is brought up once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real-nodes")]
@@ -593,7 +593,7 @@ def test_the_profiles_redis_image_serves_a_gcs_store_behind_its_password(
     """The Redis a team deploys for GCS fault tolerance (``fixtures.manifests.gcs_redis``), from the
     profile's default image: Debian's redis-server, pulled from the registry, asking for its password."""
     from fixtures import manifests as mf
-    from rayproof import profile
+    from core import profile
 
     image = profile.load().data["gcsFaultTolerance"]["redisImage"]
     pod, service, policy = mf.gcs_redis("gcs-redis", LABELS, image, {"value": "s3cret"})

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import pytest
 
 from fixtures.kube import Lab
-from rayproof import profile as profile_mod, timeouts
-from rayproof.waiting import wait_for
+from core import profile as profile_mod, timeouts
+from core.waiting import wait_for
 from tests.selftest.clause_runs import misconfigured_platform, platforms_group
 
 pytestmark = [pytest.mark.slow, platforms_group(__name__)]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fixtures.events import EventLog
 from fixtures.local_ray import DASHBOARD_PORT, SERVE_PORT, LocalRayCluster
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 APP = "classifier"
 CONFIG = Path(__file__).resolve().parents[2] / "workloads" / "serve_config.yaml"

@@ -7,8 +7,8 @@ import pytest
 
 from fixtures.events import EventLog
 from fixtures.local_ray import LocalRayCluster
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 HEAD_MEMORY_LIMIT = 1536 * 2**20  # the head container's limit
 PRESSURE_TARGET = 4 * HEAD_MEMORY_LIMIT

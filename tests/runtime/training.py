@@ -1,30 +1,13 @@
-"""Launching the FSDP training workload on a local Ray cluster and reading its events."""
+"""The training checks shared by the runtime tier's clauses and their self-tests (launching: fixtures/local_training.py)."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from fixtures.events import EventLog
+from core import timeouts
+from core.waiting import wait_for
 from fixtures.local_ray import LocalRayCluster
-from rayproof import timeouts
-from rayproof.waiting import wait_for
-
-
-@dataclass
-class TrainingRun:
-    proc: subprocess.Popen
-    log: EventLog
-
-    def wait_exit(self, tier: timeouts.Tier = timeouts.TRAINING_RUN) -> int:
-        return wait_for(self.proc.poll, lambda rc: rc is not None, timeout=tier,
-                        description=f"training driver (pid {self.proc.pid}) to exit; log tail:\n{self.log.tail(5)}")
-
-    def steps(self) -> list[dict]:
-        return self.log.events("step")
+from fixtures.local_training import TrainingRun, lost_work, start_training  # noqa: F401 - TrainingRun: the tests'
 
 
 def training_cluster(local_ray, **kwargs) -> LocalRayCluster:
@@ -32,34 +15,6 @@ def training_cluster(local_ray, **kwargs) -> LocalRayCluster:
     cluster = local_ray(head_cpus=0, **kwargs)
     cluster.add_workers(2)
     return cluster
-
-
-def start_training(cluster: LocalRayCluster, name: str, log_name: str, **options) -> TrainingRun:
-    """Run ``workloads.fsdp_train`` as a driver on the head, as a RayJob entrypoint runs."""
-    storage = cluster.workdir.parent / "storage"
-    argv = [sys.executable, "-m", "workloads.fsdp_train", f"--name={name}", f"--storage-path={storage}"]
-    argv += [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
-    proc = cluster.popen(cluster.head, argv, log_name)
-    return TrainingRun(proc, EventLog(Path(cluster.workdir) / log_name))
-
-
-def lost_work(events: list[dict]) -> dict:
-    """Steps run before the restart versus the step training resumed from."""
-    restored = [e for e in events if e["event"] == "checkpoint_restored"]
-    if not restored:
-        return {"restored_step": None}
-    first_restore = restored[0]
-    before = [e["step"] for e in events if e["event"] == "step" and e["ts"] < first_restore["ts"]]
-    after = [e["step"] for e in events if e["event"] == "step" and e["ts"] > first_restore["ts"]]
-    saved = [e["step"] for e in events if e["event"] == "checkpoint_saved" and e["ts"] < first_restore["ts"]]
-    return {
-        "last_step_before_failure": max(before, default=0),
-        "last_checkpoint_before_failure": max(saved, default=0),
-        "restored_step": first_restore["step"],
-        "first_step_after_restore": min(after, default=None),
-        "steps_lost": max(before, default=0) - first_restore["step"],
-        "restore_ts": first_restore["ts"],
-    }
 
 
 # ---------------------------------------------------------------------------

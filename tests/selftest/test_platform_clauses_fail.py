@@ -19,8 +19,8 @@ from typing import Iterator
 import pytest
 
 from clusters.embedded.mutations import entry
-from rayproof.catalogue import clause_tests
-from rayproof.schema import merged
+from core.catalogue import clause_tests
+from core.schema import merged
 from tests.selftest.clause_runs import expect_failure, misconfigured_platform, platforms_group, run_clause
 
 pytestmark = [pytest.mark.slow, platforms_group(__name__)]

@@ -25,7 +25,7 @@ import pytest
 
 from benchmarks.mutants import clause_options
 from clusters.embedded import mutations
-from rayproof.catalogue import UPGRADE_CLAUSE, clause_tests
+from core.catalogue import UPGRADE_CLAUSE, clause_tests
 from tests.selftest.clause_runs import expect_failure, misconfigured_platform, platforms_group, run_clause
 
 pytestmark = [pytest.mark.slow, platforms_group(__name__)]

@@ -44,8 +44,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from rayproof.catalogue import catalogue as clause_catalogue
-from rayproof.profile import cluster_spec_in
+from core.catalogue import catalogue as clause_catalogue
+from core.profile import cluster_spec_in
 
 HERE = Path(__file__).resolve().parent
 CATALOGUE = HERE / "catalogue.yaml"

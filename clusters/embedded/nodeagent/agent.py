@@ -31,8 +31,8 @@ from clusters.embedded.nodeagent.pods import NodeContext, PodNetworkLike, PodWor
 from clusters.embedded.nodeagent.provisioner import DirectoryProvisioner
 from clusters.embedded.nodeagent.registration import NodeRegistration
 from clusters.embedded.profile import Profile, load_profile
-from rayproof import timeouts
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.waiting import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from clusters.embedded.nodeagent import state as st
-from rayproof import timeouts
-from rayproof.cgroups import CgroupUnavailable, MemoryCgroup
-from rayproof.timeouts import Tier
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.cgroups import CgroupUnavailable, MemoryCgroup
+from core.timeouts import Tier
+from core.waiting import WaitTimeout, wait_for
 
 SHIM = Path(__file__).resolve().parent / "shim.py"
 START_ERROR_EXIT = 128

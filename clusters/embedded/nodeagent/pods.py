@@ -47,7 +47,7 @@ from clusters.embedded.nodeagent.kube import ApiError, KubeClient
 from clusters.embedded.nodeagent.probes import ProbeWorker, run_probe
 from clusters.embedded.nodeagent.resources import memory_limit_bytes
 from clusters.embedded.nodeagent.volumes import PodVolumes, VolumeError
-from rayproof.ray_agent import favour_dashboard_agent_while_starting
+from core.ray_agent import favour_dashboard_agent_while_starting
 
 log = logging.getLogger(__name__)
 
@@ -640,7 +640,7 @@ class PodWorker:
         if img.entry == "ray" and inst.cgroup is not None:
             # This machine's cores are shared by every node, so a starting Ray
             # node can lose its raylet's fixed 15 s race with its dashboard
-            # agent (rayproof/ray_agent.py); the agent gets precedence inside
+            # agent (core/ray_agent.py); the agent gets precedence inside
             # the container's own session until it has written its port.
             threading.Thread(target=favour_dashboard_agent_while_starting,
                              args=(inst.cgroup.pids, inst.dir / "tmp" / "ray", lambda: inst.running),

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rayproof import timeouts
-from rayproof.cgroups import V1_ROOT, V2_ROOT
-from rayproof.waiting import WaitTimeout, wait_for
+from core import timeouts
+from core.cgroups import V1_ROOT, V2_ROOT
+from core.waiting import WaitTimeout, wait_for
 
 
 def write_json(path: Path, data: Any) -> None:

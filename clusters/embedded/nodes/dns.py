@@ -18,8 +18,8 @@ import yaml
 
 from clusters.embedded.nodes.images import COREDNS_IMAGE
 from clusters.embedded.podnet.network import DNS_IP
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 MANIFEST = Path(__file__).with_name("coredns.yaml")
 NAMESPACE = "kube-system"

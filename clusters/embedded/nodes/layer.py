@@ -33,8 +33,8 @@ from clusters.embedded.nodes.fabric import OutsideNet
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
 from clusters.embedded.profile import NODE_NAME_PREFIX
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 if TYPE_CHECKING:
     from clusters.embedded.platform import EmbeddedPlatform

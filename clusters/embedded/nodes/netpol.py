@@ -40,8 +40,8 @@ import yaml
 from clusters.embedded.nodes.layer import POLICY_ENGINE_KIND
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs
 from clusters.embedded.podnet import _host
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 if TYPE_CHECKING:
     from clusters.embedded.platform import EmbeddedPlatform

@@ -39,8 +39,8 @@ from clusters.embedded.nodes.images import PAUSE_IMAGE
 from clusters.embedded.nodes.relay import REGISTRY_PORT, SLOW_PULL_PORT
 from clusters.embedded.podnet.dns import DOMAIN
 from clusters.embedded.podnet.network import DNS_IP, POD_CIDR, SERVICE_CIDR
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"  # inside the node's mount namespace

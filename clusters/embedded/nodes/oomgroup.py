@@ -38,7 +38,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-from rayproof.processes import die_with_parent
+from core.processes import die_with_parent
 
 OOM_TOPIC, CREATE_TOPIC, START_TOPIC, EXIT_TOPIC, DELETE_TOPIC = (
     "/tasks/oom", "/tasks/create", "/tasks/start", "/tasks/exit", "/tasks/delete")

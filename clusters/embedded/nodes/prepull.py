@@ -25,8 +25,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from clusters.embedded.nodes.images import PAUSE_IMAGE
-from rayproof import timeouts
-from rayproof.waiting import wait_for
+from core import timeouts
+from core.waiting import wait_for
 
 NAMESPACE = "kube-system"
 NAME = "image-prepuller"

@@ -35,15 +35,15 @@ from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compi
 from clusters.embedded.podnet.policy import PolicyError, compile_policies
 from clusters.embedded.podnet.proxy import ClusterProxy
 from clusters.embedded.podnet.services import compile_services
-from rayproof.timeouts import PROCESS_EXIT, Tier
-from rayproof.waiting import wait_for
+from core.timeouts import PROCESS_EXIT, Tier
+from core.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
 KINDS = ("services", "endpointslices", "pods", "namespaces", "networkpolicies")
 
 # A change fed to the controller is compiled and applied (rules and DNS).
-# Belongs in rayproof/timeouts.py with the other tiers; kept here until the
+# Belongs in core/timeouts.py with the other tiers; kept here until the
 # owner of that module moves it.
 POD_NETWORK_SYNC = Tier("pod_network_sync", 30, "a Service/Pod/NetworkPolicy change is live in the pod network")
 

@@ -58,7 +58,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from clusters.embedded.podnet.iptables import PREFIX, Table, chain_name, comment
 from clusters.embedded.podnet.model import NAMESPACE_NAME_LABEL, Namespace, Pod
-from rayproof import selectors
+from core import selectors
 
 FORWARD = f"{PREFIX}FORWARD"
 INGRESS = f"{PREFIX}INGRESS"
@@ -73,7 +73,7 @@ class PolicyError(ValueError):
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """:func:`rayproof.selectors.selector_matches`; a bad operator is a PolicyError."""
+    """:func:`core.selectors.selector_matches`; a bad operator is a PolicyError."""
     try:
         return selectors.selector_matches(selector, labels)
     except ValueError as exc:

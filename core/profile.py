@@ -3,7 +3,7 @@
 ``profile.yaml`` beside this file documents every field and holds the defaults
 (they describe the embedded platform). A user's ``--profile FILE`` names only
 what differs; unknown fields and bad values raise one
-:class:`~rayproof.schema.ProfileError` naming the file, the field and what is
+:class:`~core.schema.ProfileError` naming the file, the field and what is
 allowed, before anything is created on a cluster.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from rayproof.schema import (
+from core.schema import (
     ProfileError,
     duration,
     int_range,

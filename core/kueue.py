@@ -38,7 +38,7 @@ def configured_wait_for_pods_ready(api: Any) -> dict[str, Any]:
     import yaml
     from kubernetes import client
 
-    from rayproof.schema import parse_duration
+    from core.schema import parse_duration
 
     where = f"ConfigMap {CONFIG_NAMESPACE}/{CONFIG_MAP}"
     try:
