@@ -18,8 +18,8 @@ def machine() -> dict:
 
 def host_leftovers() -> dict[str, set[str]]:
     """The suite's network namespaces, cgroups and mounts on this machine now."""
-    from fixtures import netns
     from core import cgroups
+    from fixtures import netns
 
     groups = {str(p) for root in (cgroups.V1_ROOT, cgroups.V2_ROOT) if root.is_dir()
               for p in root.glob("rayproof-*")}

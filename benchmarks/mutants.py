@@ -42,7 +42,7 @@ import yaml
 
 from benchmarks import machine
 from clusters.embedded import build
-from clusters.embedded.mutations import CatalogueError, Mutation, TEMPLATE_FILES, load
+from clusters.embedded.mutations import TEMPLATE_FILES, CatalogueError, Mutation, load
 from core import processes, timeouts
 from core.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE, clause_tests
 from core.schema import merged
@@ -93,7 +93,8 @@ def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platfor
                                **{f"{timeouts.OVERRIDE_PREFIX}{t.upper()}": f"{s:g}" for t, s in (bounds or {}).items()},
                                processes.DIE_WITH_PARENT_ENV: str(os.getpid())})
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)
-    assert results.exists(), f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    assert results.exists(), (f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                              f"{proc.stderr[-2000:]}")
     rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
     assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
     return {**rows[-1], "output": proc.stdout}
@@ -131,8 +132,7 @@ def installed_onboarding_class(api: Any, mutation: Mutation) -> tuple[dict[str, 
     and what removes it."""
     from kubernetes import client
 
-    from clusters.embedded.onboarding.controller import (CLASS_LABEL, CLASSES_NAMESPACE, Onboarding,
-                                                          class_configmap_name)
+    from clusters.embedded.onboarding.controller import CLASS_LABEL, CLASSES_NAMESPACE, Onboarding, class_configmap_name
 
     cls = f"mut-{mutation.id}"[:50].rstrip("-")
     Onboarding(api).install_classes({cls: yaml.safe_dump_all(mutation.onboarding_class(), sort_keys=False)})

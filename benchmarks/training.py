@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from benchmarks import machine
-from fixtures.local_ray import LocalRayCluster
 from core import timeouts
+from fixtures.local_ray import LocalRayCluster
 from fixtures.local_training import lost_work, start_training
 
 STEPS = 40

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 
 @functools.lru_cache(maxsize=8)
@@ -11,7 +11,8 @@ def api(kubeconfig: str = "", context: str = "") -> Any:
     and its ``context`` (empty: the kubeconfig's current context)."""
     from kubernetes import config
 
-    return config.new_client_from_config(config_file=kubeconfig or None, context=context or None)
+    return config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig or None, context=context or None)
 
 
 def core(kubeconfig: str, context: str = "") -> Any:
@@ -32,7 +33,7 @@ def networking(kubeconfig: str, context: str = "") -> Any:
     return client.NetworkingV1Api(api(kubeconfig, context))
 
 
-def ignore_missing(call, *args: Any, **kwargs: Any) -> bool:
+def ignore_missing(call: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
     """Run a delete; True if it deleted something, False if it was already gone."""
     from kubernetes import client
 
@@ -57,7 +58,7 @@ def ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def holds_within(check, within_s: float, description: str) -> bool:
+def holds_within(check: Callable[[], Any], within_s: float, description: str) -> bool:
     """True if ``check()`` holds now or becomes true within ``within_s`` seconds."""
     from core.timeouts import Tier
     from core.waiting import WaitTimeout, wait_for

@@ -39,7 +39,7 @@ def inject(kubeconfig: str, namespace: str, cluster: str, node_type: str = "work
     pods = _kube.ray_pods(kubeconfig, namespace, cluster, node_type, context)
     if not pods:
         raise RuntimeError(f"RayCluster {namespace}/{cluster} has no {node_type} pod to preempt")
-    victim, seen = pods[-1], {}
+    victim, seen = pods[-1], dict[str, Any]()
     if collective:
         victim, seen = _rank_inside(kubeconfig, namespace, pods, rayjob, collective, float(within_s), context)
     _kube.core(kubeconfig, context).delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
@@ -75,6 +75,7 @@ def _rank_inside(kubeconfig: str, namespace: str, pods: list[Any], rayjob: str, 
         latest, lambda v: v[1] is not None and v[1]["phase"] == "begin" and v[1]["op"] == collective,
         timeout=tier, interval=0.1,
         description=f"the highest rank of RayJob {namespace}/{rayjob} (never rank 0) seen entering {collective}")
+    assert entered is not None  # what the wait waited for
     # On one machine's clock (the embedded platform): how late the driver's output showed the entry.
     return pod, {"rank": rank, "entered": entered, "seen_after_s": round(time.time() - entered["ts"], 3)}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, Callable
 
 from chaos import _kube
 from core import kueue
@@ -16,7 +16,7 @@ from core.timeouts import CONTROLLER_RECONCILE, Tier
 from core.waiting import WaitTimeout, wait_for
 
 # What each named state means on a RayJob's status (and its Kueue Workload).
-STATES = {
+STATES: dict[str, Callable[[dict[str, Any]], bool]] = {
     "finished": lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
     "running": lambda s: s.get("jobStatus") == "RUNNING",
     # The driver has run (it may already have ended): a fail-fast bound counts from here.
@@ -38,14 +38,14 @@ def none_hanging(kubeconfig: str, namespace: str, context: str = "") -> bool:
 
 def submit(kubeconfig: str, namespace: str, rayjob: dict[str, Any], context: str = "") -> str:
     _kube.custom(kubeconfig, context).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
-    return rayjob["metadata"]["name"]
+    return str(rayjob["metadata"]["name"])
 
 
 def workloads_of(kubeconfig: str, namespace: str, rayjob: str, context: str = "") -> list[dict[str, Any]]:
     """The Kueue Workloads owned by RayJob ``rayjob``."""
     items = _kube.custom(kubeconfig, context).list_namespaced_custom_object(
         kueue.GROUP, kueue.VERSION, namespace, "workloads").get("items", [])
-    return kueue.owned_by_rayjob(items, rayjob)
+    return [dict(w) for w in kueue.owned_by_rayjob(items, rayjob)]
 
 
 # What a RayJob's status says, as the experiments report it.
@@ -84,7 +84,7 @@ def wait_state(kubeconfig: str, namespace: str, name: str, state: str, within_s:
                       interval=1, description=f"RayJob {namespace}/{name} to be {state}")
         reached = STATES[state](st)
     except WaitTimeout as exc:
-        st, reached = exc.last_value or {}, False
+        st, reached = exc.last_value if isinstance(exc.last_value, dict) else {}, False
     return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1), "cause": cause,
             "evicted": evicted and {k: evicted.get(k) for k in ("reason", "message", "lastTransitionTime")},
             "status": {k: st.get(k) for k in STATUS_FIELDS}}
@@ -116,7 +116,7 @@ def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: 
                          description=f"Workload of RayJob {namespace}/{rayjob} to have {condition} {reason}".strip())
         reached = True
     except WaitTimeout as exc:
-        conds, reached = exc.last_value or [], False
+        conds, reached = exc.last_value if isinstance(exc.last_value, list) else [], False
     return {"reached": reached, "elapsed_s": round(time.monotonic() - began, 1),
             "conditions": [{k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
                            for c in conds]}

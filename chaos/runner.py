@@ -22,7 +22,8 @@ def load(name: str) -> dict[str, Any]:
     if not path.is_file():
         known = sorted(p.stem for p in EXPERIMENTS.glob("*.json"))
         raise FileNotFoundError(f"no experiment {name!r} in {EXPERIMENTS}; known: {', '.join(known)}")
-    return json.loads(path.read_text())
+    experiment: dict[str, Any] = json.loads(path.read_text())
+    return experiment
 
 
 def run(name: str, configuration: Mapping[str, Any], journal_path: Path | None = None) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def run(name: str, configuration: Mapping[str, Any], journal_path: Path | None =
         raise RollbackFailed(f"experiment {name}: rollback " + "; ".join(
             f"{e['activity']['name']!r} {e.get('status')}: {_error(e)}" for e in failed)
             + (f" (journal {journal_path})" if journal_path is not None else ""))
-    return journal
+    finished: dict[str, Any] = journal
+    return finished
 
 
 def _error(entry: Mapping[str, Any]) -> str:

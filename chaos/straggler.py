@@ -71,7 +71,7 @@ def inject(kubeconfig: str, namespace: str, rayjob: dict[str, Any], delay_s: flo
     """Create ``rayjob`` with a straggler (see :func:`with_straggler`); returns its name."""
     body = with_straggler(rayjob, delay_s, slow_image)
     _kube.custom(kubeconfig, context).create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", body)
-    return body["metadata"]["name"]
+    return str(body["metadata"]["name"])
 
 
 def observe(kubeconfig: str, namespace: str, name: str, wait_for: str, within_s: float,

@@ -13,11 +13,11 @@ from typing import Any
 
 import yaml
 
-from fixtures.events import parse_events
-from fixtures.kube import condition
 from core import timeouts
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
+from fixtures.events import parse_events
+from fixtures.kube import condition
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = REPO / "workloads" / "serve_config.yaml"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fixtures import manifests as mf
-from fixtures.events import parse_events
 from core import timeouts
 from core.waiting import wait_for
+from fixtures import manifests as mf
+from fixtures.events import parse_events
 
 
 def training_rayjob(lab: Any, namespace: str, name: str, *, workers: int = 2, steps: int = 12,

@@ -17,9 +17,10 @@ def record_idle_cost(profile: Any, evidence: Any, gpu_seconds: float, what: str)
     them, in GPU-hours and money."""
     price = float(profile["cost"]["gpuHourPrice"])
     hours = gpu_seconds / 3600
-    return evidence.record(EVIDENCE_KEY, {"what": what, "gpu_seconds": round(gpu_seconds, 1),
+    recorded: dict[str, Any] = evidence.record(EVIDENCE_KEY, {"what": what, "gpu_seconds": round(gpu_seconds, 1),
                                           "gpu_hours": round(hours, 4), "amount": round(hours * price, 4),
                                           "currency": profile["cost"]["currency"], "gpu_hour_price": price})
+    return recorded
 
 
 def per_incident(clauses: list[dict[str, Any]]) -> dict[str, Any]:

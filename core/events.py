@@ -8,11 +8,12 @@ marker is searched anywhere in a line.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 MARKER = "RAYPROOF_EVENT"
 
 
-def parse_events(text: str) -> list[dict]:
+def parse_events(text: str) -> list[dict[str, Any]]:
     """Events in order of appearance; a line forwarded twice by Ray counts once."""
     events = []
     seen: set[str] = set()

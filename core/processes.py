@@ -20,7 +20,6 @@ from pathlib import Path
 
 import psutil
 
-
 _interrupted = False
 
 
@@ -36,7 +35,7 @@ def interrupted() -> bool:
     return _interrupted
 
 
-def unwind_on_sigterm(signum, frame) -> None:
+def unwind_on_sigterm(signum: int, frame: object) -> None:
     """A SIGTERM handler: SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C,
     so the cleanup of fixtures and of the certify command runs."""
     note_interrupted()
@@ -148,7 +147,9 @@ def me() -> Owner:
     """This process as an owner (a new nonce in each process, forked ones included)."""
     pid = os.getpid()
     nonce = _nonces.setdefault(pid, secrets.token_hex(4))
-    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), pid, started_since_boot(pid), nonce)
+    started = started_since_boot(pid)
+    assert started is not None, "this process has a start time"
+    return Owner(os.uname().nodename, _boot_id(), _pid_namespace(), pid, started, nonce)
 
 
 def parse_token(token: str) -> Owner | None:
@@ -239,6 +240,6 @@ def live_pids_in(users_dir: Path) -> list[int]:
 
 def alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False

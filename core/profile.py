@@ -236,15 +236,18 @@ class CertificationProfile:
 
     def cluster_spec(self, template: str) -> Mapping[str, Any]:
         """The RayCluster spec inside golden template ``template`` (rayJob, rayCluster, rayService)."""
-        return cluster_spec_in(self.templates[template])
+        spec: Mapping[str, Any] = cluster_spec_in(self.templates[template])
+        return spec
 
     def _worker(self) -> Mapping[str, Any]:
-        return self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+        worker: Mapping[str, Any] = self.cluster_spec("rayJob")["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+        return worker
 
     @property
     def suite_priority_class(self) -> str | None:
         """The PriorityClass of every pod the suite runs (None: the cluster's default)."""
-        return self["suitePods"]["priorityClassName"]
+        name: str | None = self["suitePods"]["priorityClassName"]
+        return name
 
     @property
     def worker_tolerations(self) -> list[Mapping[str, Any]]:
@@ -278,7 +281,7 @@ class CertificationProfile:
         for pod in pods:
             for container in pod.get("containers") or []:
                 for resource, amount in container_requests(container).items():
-                    total[resource] = total.get(resource, 0) + parse_quantity(amount)
+                    total[resource] = total.get(resource, 0) + parse_quantity(amount)  # type: ignore[no-untyped-call]
         return {resource: format(amount.normalize(), "f") for resource, amount in total.items()}
 
     @property

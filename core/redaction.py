@@ -78,7 +78,7 @@ def redact_secret_fields(node: object) -> tuple[object, list[str]]:
         ``redisPassword: {value: ...}``), whose own ``value`` is the credential."""
         if isinstance(value, dict):
             secret = secret or bool(isinstance(value.get("name"), str) and SECRET_NAME.search(value["name"]))
-            out = {}
+            out: dict[object, object] = {}
             for key, item in value.items():
                 here = f"{path}.{key}" if path else str(key)
                 named = bool(SECRET_NAME.search(str(key)))

@@ -72,7 +72,7 @@ def duration(positive: bool) -> Check:
             raise ValueError(allowed) from None
         if positive and seconds <= 0:
             raise ValueError(allowed)
-        return v
+        return str(v)
     return check
 
 
@@ -86,7 +86,7 @@ def one_of(options: tuple[str, ...]) -> Check:
     def check(v: Any) -> str:
         if v not in options:
             raise ValueError("one of " + ", ".join(options))
-        return v
+        return str(v)
     return check
 
 

@@ -134,7 +134,8 @@ def clauses_selected(k: str) -> list[str]:
 def cmd_certify(args: argparse.Namespace) -> int:
     """Run every clause against the platform and write JUnit, Allure and the certification summary
     (with --upgrade-to: certify, upgrade the KubeRay operator under load, certify again, compare)."""
-    from core import processes, profile as profile_mod
+    from core import processes
+    from core import profile as profile_mod
 
     out = Path(args.out or REPO / "out" / time.strftime("certification-%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
     if why := bad_out_dir(out):
@@ -209,7 +210,8 @@ def _certification(args: argparse.Namespace, profile: Any, target: Any, out: Pat
     returns certify's exit status."""
     import yaml
 
-    from reports import bundle, summary as summary_mod, timeline
+    from reports import bundle, timeline
+    from reports import summary as summary_mod
 
     results = out / "results.json"
     began = time.monotonic()

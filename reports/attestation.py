@@ -90,12 +90,15 @@ def _hash_for(key: Any) -> Any:
 def _sign(key: Any, data: bytes) -> bytes:
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding
 
+    signature: bytes
     if isinstance(key, ed25519.Ed25519PrivateKey):
-        return key.sign(data)
-    if isinstance(key, ec.EllipticCurvePrivateKey):
-        return key.sign(data, ec.ECDSA(_hash_for(key)))
-    return key.sign(data, padding.PSS(mgf=padding.MGF1(_hash_for(key)), salt_length=padding.PSS.MAX_LENGTH),
-                    _hash_for(key))
+        signature = key.sign(data)
+    elif isinstance(key, ec.EllipticCurvePrivateKey):
+        signature = key.sign(data, ec.ECDSA(_hash_for(key)))
+    else:
+        signature = key.sign(data, padding.PSS(mgf=padding.MGF1(_hash_for(key)), salt_length=padding.PSS.MAX_LENGTH),
+                             _hash_for(key))
+    return signature
 
 
 def _verify(key: Any, signature: bytes, data: bytes) -> bool:

@@ -65,7 +65,7 @@ def published_template(text: str) -> str:
         return redaction.redact(text)
     return (f"# rayproof: literal credentials replaced by {redaction.REDACTED} ({', '.join(paths)}); the sha256 in "
             "the certificate is of the template as the platform has it\n"
-            + yaml.safe_dump_all([doc for doc, _ in cleaned], sort_keys=False))
+            + str(yaml.safe_dump_all([doc for doc, _ in cleaned], sort_keys=False)))
 
 
 def write(out_dir: Path, *, profile_yaml: str, templates: dict[str, dict[str, str]],
@@ -149,7 +149,8 @@ def suite_commit(bundle: Path) -> str | None:
 
 def _suite_commit(members: dict[str, bytes]) -> str | None:
     try:
-        return json.loads(members.get(VERSIONS) or b"{}").get("suite_commit")
+        commit = json.loads(members.get(VERSIONS) or b"{}").get("suite_commit")
+        return None if commit is None else str(commit)
     except (ValueError, AttributeError):
         return None
 

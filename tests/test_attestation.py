@@ -9,8 +9,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from reports import attestation
 from rayproof import cli
+from reports import attestation
 
 SUMMARY = {"verdict": "CERTIFIED", "verdict_reason": "every clause passed",
            "clauses": [{"id": "NET-3", "outcome": "passed"}], "platform": {"kubernetes": "v1.35.4"}}

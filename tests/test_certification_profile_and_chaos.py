@@ -13,9 +13,11 @@ import pytest
 
 from chaos import rayjob, straggler
 from chaos.runner import EXPERIMENTS
-from fixtures import golden, manifests as mf
-from core import kueue, profile as profile_mod
+from core import kueue
+from core import profile as profile_mod
 from core.timeouts import Tier
+from fixtures import golden
+from fixtures import manifests as mf
 
 
 def test_default_profile_is_valid() -> None:
@@ -34,7 +36,8 @@ def test_default_profile_is_valid() -> None:
     ({"serving": {"availabilityTarget": 1.5}}, "field serving.availabilityTarget"),
     ({"templates": {"rayJob": ""}}, "field templates.rayJob: must be a path to a YAML file"),
     ({"tenancy": {"rayClusters": "shared"}}, "field tenancy: unknown"),
-    ({"teams": {"namespaceLabels": {"bad key!": "x"}}}, "field teams.namespaceLabels: must be a mapping of Kubernetes label keys"),
+    ({"teams": {"namespaceLabels": {"bad key!": "x"}}},
+     "field teams.namespaceLabels: must be a mapping of Kubernetes label keys"),
     ({"teams": {"tenantLabel": "-x"}}, "field teams.tenantLabel: must be a Kubernetes label key"),
     ({"teams": {"localQueue": "Team_A"}}, "field teams.localQueue: must be a Kubernetes object name"),
 ])

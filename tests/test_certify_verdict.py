@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fixtures.kube import OWNER_ANNOTATION, TEST_LABEL
 from core import processes, timeouts
-from rayproof import cli
 from core.timeouts import Tier
 from core.waiting import wait_for
+from fixtures.kube import OWNER_ANNOTATION, TEST_LABEL
+from rayproof import cli
 from reports import bundle
 
 # Its certify runs sweep ended runs at start: one at a time with the tests

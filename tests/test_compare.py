@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from clusters.embedded import build
-from rayproof import cli
 from core.catalogue import catalogue
+from rayproof import cli
 from reports import bundle, compare, summary
 
 

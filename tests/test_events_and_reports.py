@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fixtures.events import EventLog, parse_events
 from core.cost import record_idle_cost
+from fixtures.events import EventLog, parse_events
 from reports import summary
 from workloads.fsdp_train import failure_reason
 

@@ -12,9 +12,11 @@ import psutil
 import pytest
 import yaml
 
-from fixtures import golden, manifests as mf
-from core import kueue, profile as profile_mod, timeouts
+from core import kueue, timeouts
+from core import profile as profile_mod
 from core.waiting import wait_for
+from fixtures import golden
+from fixtures import manifests as mf
 from tests.loopback_http import serving
 
 GOLDEN = Path(__file__).resolve().parents[1] / "clusters" / "embedded" / "golden"

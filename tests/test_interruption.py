@@ -13,10 +13,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from fixtures import janitor, netns
-from fixtures.local_ray import new_run_id
 from core import locks, processes, timeouts
 from core.waiting import wait_for
+from fixtures import janitor, netns
+from fixtures.local_ray import new_run_id
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -47,8 +47,8 @@ def test_counts_every_request_and_reports_availability(server, capsys):
     assert 10 <= summary["ok"] <= 30, summary  # about the first second succeeded
     assert summary["availability"] == pytest.approx(summary["ok"] / 40)
     assert "HTTP Error 503" in " ".join(summary["errors"])
-    lines = [json.loads(l.split(" ", 1)[1]) for l in capsys.readouterr().out.splitlines() if l.startswith("RAYPROOF")]
-    per_second = [l for l in lines if l["event"] == "second"]
+    lines = [json.loads(ln.split(" ", 1)[1]) for ln in capsys.readouterr().out.splitlines() if ln.startswith("RAYPROOF")]
+    per_second = [ln for ln in lines if ln["event"] == "second"]
     assert [s["second"] for s in per_second] == [0, 1]
     assert sum(s["ok"] + s["fail"] for s in per_second) == 40
 
@@ -72,7 +72,7 @@ def test_sigterm_stops_it_early_with_the_seconds_begun_and_a_summary(server):
     assert '"event": "second"' in first
     proc.terminate()
     out = first + proc.communicate(timeout=10)[0]
-    events = [json.loads(l.split(" ", 1)[1]) for l in out.splitlines() if l.startswith("RAYPROOF")]
+    events = [json.loads(ln.split(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("RAYPROOF")]
     summary = events[-1]
     assert summary["event"] == "summary" and summary["stopped_early"]
     assert 1 <= summary["duration_s"] < 60 and summary["sent"] <= 10 * summary["duration_s"]

@@ -11,12 +11,12 @@ import threading
 import psutil
 import pytest
 
-from fixtures import janitor, netns
-from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
 from core import locks, processes, timeouts
 from core.cgroups import MemoryCgroup
 from core.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_starting
 from core.waiting import wait_for
+from fixtures import janitor, netns
+from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
          "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); [s.accept()[0].close() for _ in iter(int, 1)]"
@@ -274,8 +274,7 @@ def test_clauses_side_by_side_hold_shares_and_one_needing_all_is_not_overtaken(t
 
 def _nodes(count: int, cpu: str, memory: str = "16Gi", gpus: str = "8") -> object:
     """A node listing as the API returns it: ``count`` Ready nodes of one allocatable."""
-    from kubernetes.client import (V1Node, V1NodeCondition, V1NodeList, V1NodeSpec, V1NodeStatus,
-                                   V1ObjectMeta)
+    from kubernetes.client import V1Node, V1NodeCondition, V1NodeList, V1NodeSpec, V1NodeStatus, V1ObjectMeta
 
     return V1NodeList(items=[V1Node(
         metadata=V1ObjectMeta(name=f"node-{i}"), spec=V1NodeSpec(),
@@ -293,8 +292,8 @@ def test_shares_count_the_workers_each_node_holds_beside_a_head_and_a_submitter(
     from kubernetes import client
 
     from clusters.preflight import workers_that_fit
-    from fixtures.sharing import gangs_that_fit
     from core import profile as profile_mod
+    from fixtures.sharing import gangs_that_fit
 
     profile = profile_mod.load()
     assert profile.worker_requests == {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "8"}
@@ -310,8 +309,8 @@ def test_shares_count_the_workers_each_node_holds_beside_a_head_and_a_submitter(
 def test_host_slots_cap_work_on_this_machine_and_pass_to_children(tmp_path, monkeypatch):
     """As many holders at once as slots; a process holding one (or whose
     ancestor does) takes no second; a third holder waits, naming the slots."""
-    from fixtures import sharing
     from core.waiting import WaitTimeout
+    from fixtures import sharing
 
     monkeypatch.setenv(sharing.HOST_SLOTS_ENV, "2")
     monkeypatch.delenv(sharing.HOST_SLOT_HELD_ENV, raising=False)
@@ -393,8 +392,8 @@ def test_a_lock_reached_through_a_symbolic_link_or_a_shared_directory_is_refused
     """Share locks live in a directory of this user's own: a lock file that is
     a symbolic link (to a file another user wants root to open) and a lock
     directory others may write are refused, naming the path."""
-    from fixtures import sharing
     from core.locks import UnsafePath
+    from fixtures import sharing
 
     shares = sharing.ClusterShares("https://cluster.example:6443", 1, root=tmp_path / "shares")
     target = tmp_path / "not-a-lock"

@@ -18,11 +18,11 @@ from typing import Any, Iterator
 
 import pytest
 
+from core import processes, timeouts
+from core.waiting import wait_for
 from fixtures import janitor, leases
 from fixtures.kube import OWNER_ANNOTATION, release_namespace
-from core import processes, timeouts
 from rayproof import cli
-from core.waiting import wait_for
 from tests.test_certify_verdict import CERTIFY_SWEEPS
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from clusters.embedded import build
-from rayproof import cli
 from core.catalogue import catalogue
+from rayproof import cli
 
 
 class FakeTarget:

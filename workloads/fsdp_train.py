@@ -74,8 +74,8 @@ def collective(op: str, step: int, rank: int):
 
 def build_model(vocab: int, d_model: int, n_layers: int, n_heads: int, seq_len: int):
     import torch
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -132,6 +132,9 @@ def synthetic_batch(seed: int, step: int, batch: int, seq_len: int, vocab: int):
 
 
 def train_loop_per_worker(cfg: dict) -> None:
+    import ray.train
+    import ray.train.torch
+    import ray.util
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -139,10 +142,6 @@ def train_loop_per_worker(cfg: dict) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    import ray.train
-    import ray.train.torch
-    import ray.util
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

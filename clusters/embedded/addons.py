@@ -35,8 +35,8 @@ import yaml
 from clusters.embedded import pki as pki_mod
 from clusters.embedded.controlplane import (
     LOOPBACK,
-    ControlPlane,
     TRANSIENT_ERRORS,
+    ControlPlane,
     free_ports,
     http_get,
     write_kubeconfig,

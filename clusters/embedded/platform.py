@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from clusters import UpgradeFailed, access
-from clusters.embedded import build, machine, pki as pki_mod
+from clusters.embedded import build, machine
+from clusters.embedded import pki as pki_mod
 from clusters.embedded.addons import ADDON_PROCESSES, Addons
 from clusters.embedded.controlplane import (
     PROCESS_ORDER,

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from core.schema import (  # noqa: F401 - parse_duration and ProfileError are re-exported
-    ProfileError, boolean, duration, env_map, int_range, load_layered, one_of, optional, parse_duration, quantity,
+    ProfileError,
+    boolean,
+    duration,
+    env_map,
+    int_range,
+    load_layered,
+    one_of,
+    optional,
+    parse_duration,
+    quantity,
 )
 
 # What the nodes are called, the node agent's and the real ones alike: <prefix>-1..N.

@@ -25,9 +25,9 @@ import time
 from datetime import datetime
 from typing import Any, Iterable
 
+from core import kueue
 from fixtures import manifests as mf
 from fixtures.kube import condition
-from core import kueue
 
 GPU = "nvidia.com/gpu"
 FINISHED = ("Complete", "Failed")

@@ -8,15 +8,14 @@ from typing import Any, NamedTuple
 import pytest
 
 from chaos import runner, straggler
-from conformance.admission.sampling import (FINISHED, Sampler, compact, condition_at, condition_t, epoch, gang_of,
-                                            gang_violations)
+from conformance.admission.sampling import FINISHED, Sampler, compact, condition_at, condition_t, epoch, gang_of, gang_violations
 from conformance.training_jobs import gang_gpus, training_rayjob
-from fixtures import manifests as mf
-from fixtures.events import parse_events
 from core import kueue, timeouts
 from core.cost import record_idle_cost
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
+from fixtures import manifests as mf
+from fixtures.events import parse_events
 
 pytestmark = pytest.mark.slow
 
@@ -179,8 +178,9 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     wfpr = evidence.record("wait_for_pods_ready",
                            lab.profile["kueue"]["waitForPodsReady"])  # platform-owned-ok: its stated value, read
     if not wfpr:
-        pytest.fail("kueue.waitForPodsReady is off on this platform (profile value null): nothing evicts a gang "  # platform-owned-ok: judged
-                    "stuck short of Ready, so a gang with an unpullable worker holds its GPUs indefinitely")
+        pytest.fail("kueue.waitForPodsReady is off on this platform (profile value null): "  # platform-owned-ok: judged
+                    "nothing evicts a gang stuck short of Ready, so a gang with an unpullable worker holds its GPUs "
+                    "indefinitely")
     timeout_s = lab.profile.wait_for_pods_ready_s
     backoff_s = lab.profile.seconds("kueue.waitForPodsReady.backoffBase")  # platform-owned-ok: read
     bound = timeout_s + timeouts.FAIL_FAST_SLACK.seconds
@@ -367,8 +367,9 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     assert not evictions and not requeues and len(clusters) <= 1, (
         f"Kueue evicted the gang of RayJob {name} ({'; '.join(evictions) or 'requeued'}; RayClusters {clusters}) "
         f"while one worker's image pull took {delay_s:g} s, within the platform's promised longest healthy pull: "
-        f"a waitForPodsReady ({lab.profile['kueue']['waitForPodsReady']}) shorter than the platform's own pulls "  # platform-owned-ok: its stated value, named
-        f"and starts makes gangs thrash, paying for every start twice (the gang's pods, creation to Ready: {started_s})")
+        f"a waitForPodsReady ({lab.profile['kueue']['waitForPodsReady']}) "  # platform-owned-ok: its stated value, named
+        f"shorter than the platform's own pulls and starts makes gangs thrash, paying for every start twice (the "
+        f"gang's pods, creation to Ready: {started_s})")
     assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
         f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
         f"expected SUCCEEDED")

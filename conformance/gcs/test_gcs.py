@@ -13,15 +13,28 @@ import pytest
 import yaml
 
 from chaos import runner
-from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVICE_UP, apps_running, deleted_first,
-                                 load_seconds, load_window, per_second, serve_config, serve_endpoints, service_sample,
-                                 start_load)
-from fixtures import golden, manifests as mf
-from fixtures.events import parse_events
-from fixtures.kube import pod_ready
+from conformance.serving import (
+    LOAD_RATE,
+    REQUEST_TIMEOUT_S,
+    SERVE_PORT,
+    SERVICE_UP,
+    apps_running,
+    deleted_first,
+    load_seconds,
+    load_window,
+    per_second,
+    serve_config,
+    serve_endpoints,
+    service_sample,
+    start_load,
+)
 from core import timeouts
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
+from fixtures import golden
+from fixtures import manifests as mf
+from fixtures.events import parse_events
+from fixtures.kube import pod_ready
 
 pytestmark = pytest.mark.slow
 
@@ -434,7 +447,8 @@ def test_head_oom_keeps_rayservice_available(lab, evidence, tmp_path) -> None:
     assert window["availability"] >= target, (
         f"the RayService answered {window['ok']} of {window['sent']} requests ({window['availability']:.2%}) from the "
         f"pressure job's submission until {window_reason}, below the target {target:.2%} (GCS fault tolerance "
-        f"{'on, Redis at ' + ft if ft else 'off in the golden RayService template'}); failing seconds {window['failing_seconds']}")
+        f"{'on, Redis at ' + ft if ft else 'off in the golden RayService template'}); "
+        f"failing seconds {window['failing_seconds']}")
     assert back, (
         f"the GCS of {ns}/{cluster} did not list {nodes_before['alive']} alive Ray nodes (the restarted head among "
         f"them) within {timeouts.RAY_NODE.seconds:g} s of the Serve applications RUNNING again: the cluster is not "

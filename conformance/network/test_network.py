@@ -16,14 +16,14 @@ from conformance.training_jobs import (
     require_timeout_within,
     training_rayjob,
 )
-from fixtures import manifests as mf
-from fixtures.kube import pod_ready
-from fixtures.netprobe import port_probe_result, start_port_probe
-from fixtures.plugin import NOT_APPLICABLE
 from core import timeouts
 from core.cost import record_idle_cost
 from core.selectors import selector_matches
 from core.waiting import wait_for
+from fixtures import manifests as mf
+from fixtures.kube import pod_ready
+from fixtures.netprobe import port_probe_result, start_port_probe
+from fixtures.plugin import NOT_APPLICABLE
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,14 @@ import time
 import pytest
 
 from conformance.training_jobs import gang_gpus
-from fixtures import manifests as mf
-from fixtures.exposure import exposed_endpoints, probe_endpoints, tenant_names_hashed
-from fixtures.kube import pod_ready
-from fixtures.netprobe import port_probe_result, ray_join_attempt, ray_nodes_seen_from, start_port_probe
 from core import kueue, timeouts
 from core.profile import cluster_spec_in
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
+from fixtures import manifests as mf
+from fixtures.exposure import exposed_endpoints, probe_endpoints, tenant_names_hashed
+from fixtures.kube import pod_ready
+from fixtures.netprobe import port_probe_result, ray_join_attempt, ray_nodes_seen_from, start_port_probe
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,24 @@ from typing import Any
 import pytest
 
 from clusters import UpgradeFailed
-from conformance.serving import (LOAD_RATE, REQUEST_TIMEOUT_S, SERVE_PORT, SERVICE_UP, apps_running, deleted_first,
-                                 load_seconds, load_window, serve_config, serve_endpoints, service_sample, start_load)
+from conformance.serving import (
+    LOAD_RATE,
+    REQUEST_TIMEOUT_S,
+    SERVE_PORT,
+    SERVICE_UP,
+    apps_running,
+    deleted_first,
+    load_seconds,
+    load_window,
+    serve_config,
+    serve_endpoints,
+    service_sample,
+    start_load,
+)
 from conformance.training_jobs import DriverLog, gang_gpus, training_rayjob
-from fixtures.plugin import NOT_APPLICABLE
 from core import timeouts
 from core.waiting import wait_for
+from fixtures.plugin import NOT_APPLICABLE
 
 pytestmark = pytest.mark.slow
 

@@ -27,10 +27,10 @@ from clusters.embedded import build
 from clusters.embedded.addons import ADDON_PROCESSES
 from clusters.embedded.controlplane import PROCESS_ORDER, listening_ports
 from clusters.embedded.platform import NODE_LAYER_PROCESSES, EmbeddedPlatform
-from fixtures.netns import list_namespaces
-from fixtures.sharing import host_slot
 from core import timeouts
 from core.waiting import wait_for
+from fixtures.netns import list_namespaces
+from fixtures.sharing import host_slot
 
 pytestmark = pytest.mark.slow
 

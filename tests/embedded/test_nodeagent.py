@@ -28,7 +28,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters.embedded.nodeagent import catalog, state as st
+from clusters.embedded.nodeagent import catalog
+from clusters.embedded.nodeagent import state as st
 from clusters.embedded.nodeagent.agent import NodeAgent
 from clusters.embedded.nodeagent.envvars import expand
 from clusters.embedded.nodeagent.pods import Backoff
@@ -323,7 +324,8 @@ def test_logs_follow_streams_until_the_container_exits(env: Env, ns: str) -> Non
 
 
 def test_memory_limit_exceeded_is_oomkilled_137_and_restarted(env: Env, ns: str) -> None:
-    hog = "import time\nprint('hog starting', flush=True)\nb = []\nwhile True:\n    b.append(bytearray(8 << 20))\n    time.sleep(0.02)\n"  # sleep-ok: the hog container's own allocation pace, not test synchronisation
+    hog = ("import time\nprint('hog starting', flush=True)\nb = []\nwhile True:\n    b.append(bytearray(8 << 20))\n"
+           "    time.sleep(0.02)\n")  # sleep-ok: the hog container's own allocation pace, not test synchronisation
     env.core.create_namespaced_pod(ns, _pod(env, "hog", [{
         "name": "hog", "image": "python:3.11", "command": ["python3", "-c", hog],
         "resources": {"limits": {"memory": "64Mi"}},

@@ -16,13 +16,23 @@ from typing import Iterator
 import pytest
 from kubernetes import client
 
-from clusters.embedded.podnet import (NODE_IP, POD_NETWORK_SYNC, ROUTER_IP, Endpoint, NodePortForwarder,
-                                      NodePortTarget, PodNetworkController, Service, ServicePort,
-                                      check_available, compile_node_ports)
-from fixtures.exposure import exposed_endpoints, probe_endpoints
+from clusters.embedded.podnet import (
+    NODE_IP,
+    POD_NETWORK_SYNC,
+    ROUTER_IP,
+    Endpoint,
+    NodePortForwarder,
+    NodePortTarget,
+    PodNetworkController,
+    Service,
+    ServicePort,
+    check_available,
+    compile_node_ports,
+)
 from core import timeouts
-from tests.embedded.test_podnet import Listener
 from core.waiting import wait_for
+from fixtures.exposure import exposed_endpoints, probe_endpoints
+from tests.embedded.test_podnet import Listener
 
 CONNECT_TIMEOUT_S = 1.0  # socket timeout of one connection on loopback and veths
 

@@ -19,9 +19,9 @@ from kubernetes import client
 
 from clusters.embedded import build
 from clusters.embedded.platform import EmbeddedPlatform
-from fixtures.sharing import host_slot
 from core import timeouts
 from core.waiting import wait_for
+from fixtures.sharing import host_slot
 
 pytestmark = pytest.mark.slow
 

@@ -24,11 +24,27 @@ from typing import Iterator
 
 import pytest
 
-from clusters.embedded.podnet import (DNS_IP, POD_NETWORK_SYNC, ClusterState, DnsServer, Namespace, Pod,
-                                      PodAttachment, PodNetworkController, PolicyError, Service, ServicePort,
-                                      build_zone, check_available, cluster_proxy_socket, compile_policies,
-                                      compile_services, endpoints_from_slices)
-from clusters.embedded.podnet import _host, dns
+from clusters.embedded.podnet import (
+    DNS_IP,
+    POD_NETWORK_SYNC,
+    ClusterState,
+    DnsServer,
+    Namespace,
+    Pod,
+    PodAttachment,
+    PodNetworkController,
+    PolicyError,
+    Service,
+    ServicePort,
+    _host,
+    build_zone,
+    check_available,
+    cluster_proxy_socket,
+    compile_policies,
+    compile_services,
+    dns,
+    endpoints_from_slices,
+)
 from clusters.embedded.podnet.ipam import IPAM
 from clusters.embedded.podnet.iptables import render
 from core import timeouts

@@ -10,8 +10,10 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from clusters import access, preflight as pf
-from core import profile as profile_mod, timeouts
+from clusters import access
+from clusters import preflight as pf
+from core import profile as profile_mod
+from core import timeouts
 from core.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -237,8 +239,16 @@ def test_nodes_whose_taints_the_workers_do_not_tolerate_hold_none(kube_api, tmp_
 
 
 def test_an_operator_installed_but_down_or_too_old_is_refused(kube_api, monkeypatch) -> None:
-    from kubernetes.client import (V1Container, V1Deployment, V1DeploymentSpec, V1DeploymentStatus,
-                                   V1LabelSelector, V1ObjectMeta, V1PodSpec, V1PodTemplateSpec)
+    from kubernetes.client import (
+        V1Container,
+        V1Deployment,
+        V1DeploymentSpec,
+        V1DeploymentStatus,
+        V1LabelSelector,
+        V1ObjectMeta,
+        V1PodSpec,
+        V1PodTemplateSpec,
+    )
 
     def deployment(name: str, image: str, available: int) -> V1Deployment:
         return V1Deployment(metadata=V1ObjectMeta(name=name, namespace="ops"), status=V1DeploymentStatus(

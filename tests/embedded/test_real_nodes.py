@@ -38,19 +38,21 @@ import pytest
 import yaml
 from kubernetes import client
 
+from chaos import straggler
 from clusters.embedded import build
 from clusters.embedded.controlplane import Supervisor
-from clusters.embedded.nodes import node as node_mod, rayimage
+from clusters.embedded.nodes import node as node_mod
+from clusters.embedded.nodes import rayimage
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import COREDNS_IMAGE, busybox_version
-from clusters.embedded.platform import EmbeddedPlatform
 from clusters.embedded.pki import FIRST_SERVICE_IP
+from clusters.embedded.platform import EmbeddedPlatform
 from clusters.embedded.podnet import DNS_IP, ROUTER_IP, _host
-from chaos import straggler
+from core import profile as profile_mod
+from core import timeouts
+from core.waiting import wait_for
 from fixtures import janitor
 from fixtures.sharing import host_slot
-from core import profile as profile_mod, timeouts
-from core.waiting import wait_for
 
 # One xdist worker takes the whole module, so its platform of real nodes is brought up once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real-nodes")]
@@ -592,8 +594,8 @@ def test_the_profiles_redis_image_serves_a_gcs_store_behind_its_password(
         platform: EmbeddedPlatform, core: client.CoreV1Api, namespace: str) -> None:
     """The Redis a team deploys for GCS fault tolerance (``fixtures.manifests.gcs_redis``), from the
     profile's default image: Debian's redis-server, pulled from the registry, asking for its password."""
-    from fixtures import manifests as mf
     from core import profile
+    from fixtures import manifests as mf
 
     image = profile.load().data["gcsFaultTolerance"]["redisImage"]
     pod, service, policy = mf.gcs_redis("gcs-redis", LABELS, image, {"value": "s3cret"})
@@ -748,7 +750,8 @@ def test_kuberay_kueue_toy_sample_is_admitted_through_a_teams_queue_and_runs(pla
 
 
 def test_a_node_short_of_memory_evicts_the_pod_furthest_over_its_requests(tmp_path: Path) -> None:
-    """A platform of one node offering 1 GiB: a BestEffort pod holds more than the node offers. Kubelet's eviction manager, not the kernel, ends it: allocatable memory available
+    """A platform of one node offering 1 GiB: a BestEffort pod holds more than the node offers.
+    Kubelet's eviction manager, not the kernel, ends it: allocatable memory available
     (the pods' cgroup limit, allocatable plus the 100Mi threshold, less their working set) falls under
     kubelet's default memory.available threshold, so the pod is Failed, reason Evicted, the node reports
     MemoryPressure, and a Guaranteed pod within its requests on the same node keeps running."""

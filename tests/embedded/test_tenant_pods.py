@@ -18,9 +18,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from fixtures.kube import Lab
-from core import profile as profile_mod, timeouts
+from core import profile as profile_mod
+from core import timeouts
 from core.waiting import wait_for
+from fixtures.kube import Lab
 from tests.selftest.clause_runs import misconfigured_platform, platforms_group
 
 pytestmark = [pytest.mark.slow, platforms_group(__name__)]
@@ -32,8 +33,9 @@ TENANT_CLASS = "tenant-batch-low"
 def one_node(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Module scope; a platform of one eight-GPU node (taken down at the end),
     with a tenant's low-priority PriorityClass."""
-    from clusters.embedded.platform import EmbeddedPlatform
     from kubernetes import client
+
+    from clusters.embedded.platform import EmbeddedPlatform
 
     started = misconfigured_platform(pytestconfig, tmp_path_factory, "tenancy", {"nodes": {"count": 1}})
     name, _ = next(started)

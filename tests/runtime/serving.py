@@ -5,10 +5,10 @@ import sys
 import time
 from pathlib import Path
 
-from fixtures.events import EventLog
-from fixtures.local_ray import DASHBOARD_PORT, SERVE_PORT, LocalRayCluster
 from core import timeouts
 from core.waiting import wait_for
+from fixtures.events import EventLog
+from fixtures.local_ray import DASHBOARD_PORT, SERVE_PORT, LocalRayCluster
 
 APP = "classifier"
 CONFIG = Path(__file__).resolve().parents[2] / "workloads" / "serve_config.yaml"

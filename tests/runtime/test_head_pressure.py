@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from fixtures.events import EventLog
-from fixtures.local_ray import LocalRayCluster
 from core import timeouts
 from core.waiting import wait_for
+from fixtures.events import EventLog
+from fixtures.local_ray import LocalRayCluster
 
 HEAD_MEMORY_LIMIT = 1536 * 2**20  # the head container's limit
 PRESSURE_TARGET = 4 * HEAD_MEMORY_LIMIT

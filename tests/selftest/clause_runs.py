@@ -11,9 +11,10 @@ from benchmarks import mutants
 from clusters.embedded import mutations
 from clusters.embedded.mutations import Mutation
 from clusters.embedded.target import EmbeddedTarget
-from fixtures.sharing import host_slot
 from core.catalogue import clause_tests
 from core.schema import merged
+from fixtures.sharing import host_slot
+
 
 # Each self-test module that starts platforms of its own is one xdist group:
 # one worker starts and takes down that module's platforms (their names are

@@ -39,8 +39,7 @@ import pytest
 
 from benchmarks import mutants
 from clusters.embedded.mutations import Mutation
-from tests.selftest.clause_runs import (catalogue_params, expect_failure, misconfigured_platform, platforms_group,
-                                        run_clause)
+from tests.selftest.clause_runs import catalogue_params, expect_failure, misconfigured_platform, platforms_group, run_clause
 
 pytestmark = pytest.mark.slow
 # Three lanes (xdist groups) of nested runs on the one platform these share

@@ -12,7 +12,8 @@ See README.md in this folder for what is and is not kubelet behaviour here.
 from __future__ import annotations
 
 from clusters.embedded.nodeagent.agent import AgentError, Node, NodeAgent
-from clusters.embedded.nodeagent.catalog import Image, ImageNotFound, lookup as lookup_image
+from clusters.embedded.nodeagent.catalog import Image, ImageNotFound
+from clusters.embedded.nodeagent.catalog import lookup as lookup_image
 from clusters.embedded.nodeagent.state import cleanup
 
 __all__ = ["AgentError", "Image", "ImageNotFound", "Node", "NodeAgent", "cleanup", "lookup_image"]

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from clusters.embedded.nodeagent import catalog, state as st
+from clusters.embedded.nodeagent import catalog
+from clusters.embedded.nodeagent import state as st
 from clusters.embedded.nodeagent.containers import Runtime
 from clusters.embedded.nodeagent.events import EventRecorder
 from clusters.embedded.nodeagent.kube import ApiError, KubeClient, load_kubeconfig

@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from clusters.embedded.nodeagent import catalog, state as st, status as pod_status
+from clusters.embedded.nodeagent import catalog
+from clusters.embedded.nodeagent import state as st
+from clusters.embedded.nodeagent import status as pod_status
 from clusters.embedded.nodeagent.containers import ContainerInstance, LaunchSpec, Runtime
 from clusters.embedded.nodeagent.envvars import ContainerConfigError, command_line, container_env, service_env
 from clusters.embedded.nodeagent.events import EventRecorder

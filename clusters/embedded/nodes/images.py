@@ -251,7 +251,8 @@ def ensure_images(cache: Path, pause_binary: Path, coredns_binary: Path, progres
     redis_version = package_version(partial / "redis.tar", "redis-server").split(":")[-1]
     major_minor = ".".join(redis_version.split(".")[:2])
     redis = write_oci_layout(partial / "redis", f"docker.io/library/redis:{major_minor}", [partial / "redis.tar"],
-                             {"Cmd": ["redis-server"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                             {"Cmd": ["redis-server"],
+                              "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                               "Labels": {"dev.rayproof.debian-package": f"redis-server {redis_version}"}})
     made = (pause, shell, coredns, redis)
     (partial / "images.json").write_text(json.dumps(

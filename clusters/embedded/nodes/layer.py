@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from clusters.embedded import build
-from clusters.embedded.nodes import images as images_mod, rayimage, registry, relay, sharedlayers
+from clusters.embedded.nodes import images as images_mod
+from clusters.embedded.nodes import rayimage, registry, relay, sharedlayers
 from clusters.embedded.nodes.fabric import OutsideNet
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
@@ -101,6 +102,7 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
 def _start_slow_path(platform: "EmbeddedPlatform", layouts: list, python_env: dict[str, str]) -> int:
     """The registry's slow path on a free loopback port, extending the shell image; returns its port."""
     import sys
+
     from clusters.embedded.controlplane import free_ports
 
     port, = free_ports(1)

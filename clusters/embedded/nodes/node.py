@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shlex
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path

@@ -17,12 +17,19 @@ Public API (see each module for the why):
 from __future__ import annotations
 
 from clusters.embedded.podnet._host import PodNetworkUnavailable, check_available
-from clusters.embedded.podnet.controller import (POD_NETWORK_SYNC, ClusterState, PodNetworkController,
-                                                 cluster_proxy_socket)
+from clusters.embedded.podnet.controller import POD_NETWORK_SYNC, ClusterState, PodNetworkController, cluster_proxy_socket
 from clusters.embedded.podnet.dns import DnsServer, build_zone, resolv_conf
 from clusters.embedded.podnet.model import Endpoint, Namespace, Pod, Service, ServicePort, endpoints_from_slices
-from clusters.embedded.podnet.network import (DNS_IP, GATEWAY, POD_CIDR, ROUTER_IP, SERVICE_CIDR, PodAttachment,
-                                              PodNetwork, exec_prefix)
+from clusters.embedded.podnet.network import (
+                                                 DNS_IP,
+                                                 GATEWAY,
+                                                 POD_CIDR,
+                                                 ROUTER_IP,
+                                                 SERVICE_CIDR,
+                                                 PodAttachment,
+                                                 PodNetwork,
+                                                 exec_prefix,
+)
 from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, NodePortTarget, compile_node_ports
 from clusters.embedded.podnet.policy import PolicyError, compile_policies
 from clusters.embedded.podnet.proxy import ClusterProxy, egress_selector_config

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from clusters.embedded.podnet import _host
-from clusters.embedded.podnet.dns import DnsServer, Zone, resolv_conf
-from clusters.embedded.podnet.iptables import PREFIX, Table, render
-from clusters.embedded.podnet.ipam import IPAM
-from clusters.embedded.podnet.model import Endpoint, Namespace, Pod, Service
 from clusters.embedded.podnet import policy as _policy
 from clusters.embedded.podnet import services as _services
+from clusters.embedded.podnet.dns import DnsServer, Zone, resolv_conf
+from clusters.embedded.podnet.ipam import IPAM
+from clusters.embedded.podnet.iptables import PREFIX, Table, render
+from clusters.embedded.podnet.model import Endpoint, Namespace, Pod, Service
 
 log = logging.getLogger(__name__)
 
