@@ -338,3 +338,37 @@ def test_clean_looks_at_every_embedded_platform_and_names_those_it_could_not_che
     assert seen == ["api-a", "api-b"]
     assert "deleted namespace of left-on-api-b (platform b)" in out
     assert "could not check embedded platform c (failed, not healthy)" in err
+
+
+def test_the_test_command_runs_one_tier_of_the_clause_passes_and_self_tests_unless_all(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(cli, "_pytest", lambda args: seen.append(args) or 0)
+    assert cli.main(["test", "-x"]) == 0
+    tier = seen[0][seen[0].index("--tier") + 1]
+    assert tier in ("0/2", "1/2") and "bin/rayproof test --all" in capsys.readouterr().out
+    assert cli.main(["test", "--all", "-x"]) == 0
+    assert "--tier" not in seen[1] and "--all" not in seen[1] and seen[1][-1] == "-x"
+
+
+def test_tiers_deal_out_whole_units_and_together_run_everything():
+    """Each clause pass and each self-test chain (its xdist group) goes to exactly one tier; every other test to all."""
+    from types import SimpleNamespace as NS
+
+    from fixtures.plugin import tier_of
+
+    def item(nodeid: str, slow: bool = True, group: str | None = None) -> NS:
+        marks = {"slow": NS(args=()) if slow else None, "xdist_group": NS(args=(group,), kwargs={}) if group else None}
+        return NS(nodeid=nodeid, get_closest_marker=lambda name: marks.get(name))
+
+    items = [item("conformance/a.py::test_adm1"), item("conformance/a.py::test_adm2"),
+             item("tests/selftest/s.py::test_x", group="lane"), item("tests/selftest/s.py::test_y", group="lane"),
+             item("tests/test_unit.py::test_fast", slow=False), item("tests/embedded/e.py::test_platform")]
+    tiers = [tier_of(items, f"{k}/2") for k in (0, 1)]
+    always = {"tests/test_unit.py::test_fast", "tests/embedded/e.py::test_platform"}
+    ran = [{i.nodeid for i in keep} for keep, _ in tiers]
+    assert always <= ran[0] and always <= ran[1]
+    assert (ran[0] | ran[1]) == {i.nodeid for i in items} and (ran[0] & ran[1]) == always
+    lane = {"tests/selftest/s.py::test_x", "tests/selftest/s.py::test_y"}
+    assert lane <= ran[0] or lane <= ran[1], "a self-test chain stays whole"
+    with pytest.raises(pytest.UsageError, match="give K/N"):
+        tier_of(items, "2/2")
