@@ -445,10 +445,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except bundle.BundleError as exc:
         print(f"rayproof: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT
-    for problem in problems:
-        print(f"rayproof verify: {problem}", file=sys.stderr)
-    if problems:
-        print(f"rayproof: {path} does NOT verify ({len(problems)} problem{'s' if len(problems) > 1 else ''})")
+    if _refused(problems, f"{path} does NOT verify ({len(problems)} problem{'s' if len(problems) > 1 else ''})"):
         return VERIFY_FAILED_EXIT
     print(f"rayproof: {path} verified: every file matches its manifest, and its certificate "
           f"({summary['verdict']}) is the one its results.json makes")
@@ -459,10 +456,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except attestation.BadKey as exc:
             print(f"rayproof: {exc}", file=sys.stderr)
             return BAD_INPUT_EXIT
-        for problem in problems:
-            print(f"rayproof verify: {problem}", file=sys.stderr)
-        if problems:
-            print(f"rayproof: {path} does NOT verify: its signed statement {signed} does not vouch for it")
+        if _refused(problems, f"{path} does NOT verify: its signed statement {signed} does not vouch for it"):
             return VERIFY_FAILED_EXIT
         print(f"rayproof: signed by the holder of {args.key}: {signed} names this bundle and its certificate")
     elif signed.exists():
@@ -472,6 +466,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"rayproof: its Markdown and HTML were rendered by suite commit {written_by}, not this checkout's: "
               "compared its data (certification.json) only; check that commit out to compare them too")
     return 0
+
+
+def _refused(problems: list[str], verdict: str) -> bool:
+    """Print each of ``problems`` and then ``verdict``; True when there were any."""
+    for problem in problems:
+        print(f"rayproof verify: {problem}", file=sys.stderr)
+    if problems:
+        print(f"rayproof: {verdict}")
+    return bool(problems)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

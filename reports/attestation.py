@@ -47,30 +47,31 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
-def load_private_key(path: Path) -> Any:
+def _load_key(path: Path, private: bool) -> Any:
+    """A PEM key of a kind this module signs with (Ed25519, ECDSA, RSA); :class:`BadKey` otherwise."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+    option, what = ("--sign-key", "an unencrypted PEM private key") if private else ("--key", "a PEM public key")
     try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        data = Path(path).read_bytes()
+        key = (serialization.load_pem_private_key(data, password=None) if private
+               else serialization.load_pem_public_key(data))
     except (OSError, ValueError, TypeError) as exc:
-        raise BadKey(f"--sign-key {path}: not an unencrypted PEM private key ({exc})") from None
-    if not isinstance(key, (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)):
-        raise BadKey(f"--sign-key {path}: a {type(key).__name__}; use Ed25519, ECDSA or RSA")
+        raise BadKey(f"{option} {path}: not {what} ({exc})") from None
+    kinds = ((ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey) if private
+             else (ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey, rsa.RSAPublicKey))
+    if not isinstance(key, kinds):
+        raise BadKey(f"{option} {path}: a {type(key).__name__}; use Ed25519, ECDSA or RSA")
     return key
+
+
+def load_private_key(path: Path) -> Any:
+    return _load_key(path, private=True)
 
 
 def load_public_key(path: Path) -> Any:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-
-    try:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
-    except (OSError, ValueError, TypeError) as exc:
-        raise BadKey(f"--key {path}: not a PEM public key ({exc})") from None
-    if not isinstance(key, (ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey, rsa.RSAPublicKey)):
-        raise BadKey(f"--key {path}: a {type(key).__name__}; use Ed25519, ECDSA or RSA")
-    return key
+    return _load_key(path, private=False)
 
 
 def key_id(public_key: Any) -> str:
