@@ -22,6 +22,7 @@ _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 # Kubernetes resource.Quantity: a decimal number with an optional SI or binary suffix.
 _QUANTITY_RE = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class ProfileError(ValueError):
@@ -88,6 +89,12 @@ def one_of(options: tuple[str, ...]) -> Check:
             raise ValueError("one of " + ", ".join(options))
         return str(v)
     return check
+
+
+def namespace_list(v: Any) -> list[str]:
+    if not isinstance(v, list) or not v or any(not isinstance(x, str) or not _DNS_LABEL_RE.match(x) for x in v):
+        raise ValueError("a non-empty list of namespace names (DNS-1123 labels)")
+    return list(v)
 
 
 def env_map(v: Any) -> dict[str, str]:

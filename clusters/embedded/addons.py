@@ -284,7 +284,8 @@ class Addons:
         updated: applied over the old ones (every RayJob, RayCluster and
         RayService stays) or deleted and created again (the API server
         deletes every Ray object with them, the old operator running their
-        finalizers)."""
+        finalizers); its ``kuberay.upgradeWatchNamespaces``, which namespaces
+        the new operator watches (null: every one, as before)."""
         api = self.cp.api_client()
         try:
             docs = kuberay_crd_documents(crds)
@@ -296,7 +297,7 @@ class Addons:
             at["crds_applied_at"] = time.time()
             self.supervisor.stop("kuberay-operator")
             at["operator_stopped_at"] = time.time()
-            self._start_kuberay(binary)
+            self._start_kuberay(binary, watch_namespaces=self.profile.kuberay["upgradeWatchNamespaces"])
             self._wait_health(("kuberay-operator",))
             at["operator_ready_at"] = time.time()
             return at
@@ -326,7 +327,7 @@ class Addons:
                  description=f"the deleted CRDs {', '.join(names)} and their objects to be gone",
                  ignore=TRANSIENT_ERRORS)
 
-    def _start_kuberay(self, binary: Path | None = None) -> None:
+    def _start_kuberay(self, binary: Path | None = None, watch_namespaces: Sequence[str] | None = None) -> None:
         ports = self.ports
         kc = self._kubeconfig("kuberay-operator", self.cp.pki.kuberay_operator, "kuberay-operator")
         gates = self.profile.kuberay["featureGates"]
@@ -342,6 +343,8 @@ class Addons:
             "--enable-metrics",
             "--log-stdout-encoder=console",
         ]
+        if watch_namespaces:
+            argv.append("--watch-namespace=" + ",".join(watch_namespaces))
         if gates:
             argv.append("--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items())))
         self.supervisor.start("kuberay-operator", argv, env=self._env(self.profile.kuberay["env"]))

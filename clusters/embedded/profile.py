@@ -24,6 +24,7 @@ from core.schema import (  # noqa: F401 - parse_duration and ProfileError are re
     env_map,
     int_range,
     load_layered,
+    namespace_list,
     one_of,
     optional,
     parse_duration,
@@ -178,6 +179,7 @@ SCHEMA: dict[str, Any] = {
         "env": env_map,
         "featureGates": _gates,
         "upgradeCRDs": one_of(UPGRADE_CRD_PROCEDURES),
+        "upgradeWatchNamespaces": optional(namespace_list),
     },
 }
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 
 from clusters import UpgradeFailed
 from conformance.serving import (
@@ -72,6 +73,28 @@ def kept(before: dict[str, str], now: dict[str, str], moment: str) -> None:
         f"ones {replaced}")
 
 
+def a_teams_next_change(lab: Any, ns: str, name: str) -> dict[str, Any]:
+    """A team's next change to its RayService once the operator is upgraded (a
+    new Serve config: each deployment's ``max_ongoing_requests``), and the
+    upgraded operator taking it up: it reconciles the new generation
+    (``status.observedGeneration``) within ``controller_reconcile``. An
+    operator that no longer watches the team's namespace never does, though
+    every running pod and request goes on without it."""
+    config = yaml.safe_load(serve_config(1))
+    for app in config["applications"]:
+        for deployment in app.get("deployments", []):
+            deployment["max_ongoing_requests"] = 8
+    changed = lab.custom.patch_namespaced_custom_object(
+        "ray.io", "v1", ns, "rayservices", name, {"spec": {"serveConfigV2": yaml.safe_dump(config, sort_keys=False)}})
+    generation = changed["metadata"]["generation"]
+    observed = wait_for(lambda: (lab.ray(ns, "rayservices", name).get("status") or {}).get("observedGeneration"),
+                        lambda seen: (seen or 0) >= generation, timeout=timeouts.CONTROLLER_RECONCILE, interval=1,
+                        description=f"the upgraded KubeRay operator to reconcile RayService {ns}/{name} changed by "
+                                    f"its team (status.observedGeneration to reach generation {generation}): "
+                                    "the upgraded operator does not reconcile the tenants' Ray objects")
+    return {"generation": generation, "observed_generation": observed}
+
+
 def step_numbers(log: DriverLog, refresh: bool = False) -> list[int]:
     """The training's step numbers so far (read afresh from its driver with ``refresh``)."""
     if refresh:
@@ -99,7 +122,8 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
     request, and a training RayJob MUST go on uninterrupted: the same
     RayCluster and pods, no container restarted, every step run once and the
     training stepping under the new operator; afterwards the operator MUST
-    run the new version. Not applicable to a certification that upgrades
+    run the new version and take up the next change a team makes to its
+    RayService. Not applicable to a certification that upgrades
     nothing. (Where the platform can redeploy the version it runs, an
     "upgrade" to it is judged the same way: its procedure is what is tested.)"""
     version = upgrade_to
@@ -169,6 +193,8 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
                  "pods": lab.pod_restarts(ns_train)}
         evidence.record("after", after)
         operator_after = evidence.record("operator_after", target.describe()["versions"].get("kuberay"))
+        with evidence.phase("a change after the upgrade"):
+            evidence.record("change_after_upgrade", a_teams_next_change(lab, ns_serve, service_name))
 
     window = evidence.record("availability_during_upgrade", load_window(seconds, began, window_end))
     steps = step_numbers(log)

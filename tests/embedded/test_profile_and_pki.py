@@ -50,6 +50,8 @@ def test_user_profile_merges_over_defaults(tmp_path: Path) -> None:
     ({"kueue": {"integrations": ["kubeflow.org/mpijob"]}}, "kueue.integrations", "ray.io/rayjob"),
     ({"kuberay": {"featureGates": {"RayJobDeletionPolicy": "yes"}}}, "kuberay.featureGates", "true/false"),
     ({"kuberay": {"upgradeCRDs": "replace"}}, "kuberay.upgradeCRDs", "one of apply, recreate"),
+    ({"kuberay": {"upgradeWatchNamespaces": "kuberay-system"}}, "kuberay.upgradeWatchNamespaces",
+     "a non-empty list of namespace names"),
 ])
 def test_bad_profile_names_field_and_what_is_allowed(override: dict[str, Any], field: str, allowed: str) -> None:
     with pytest.raises(ProfileError) as err:
