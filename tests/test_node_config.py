@@ -140,7 +140,7 @@ def test_the_oom_group_reads_containerds_task_events_of_containers_and_nothing_e
 
 
 def test_the_oom_group_kills_a_started_container_at_its_oom_and_a_starting_one_once_started() -> None:
-    group, a, b = oomgroup.OomGroup(), ("k8s.io", "a"), ("k8s.io", "b")
+    group, a, b = oomgroup.OomGroup(lambda container, last: (True, last + 1)), ("k8s.io", "a"), ("k8s.io", "b")
     assert group.on_event("/tasks/oom", a) == [a]  # created before the group followed the events
     for topic in ("/tasks/create", "/tasks/start"):
         assert group.on_event(topic, b) == []
@@ -156,6 +156,30 @@ def test_the_oom_group_kills_a_started_container_at_its_oom_and_a_starting_one_o
     for topic in ("/tasks/create", "/tasks/oom", "/tasks/exit"):
         assert group.on_event(topic, d) == []
     assert not group.starting and not group.oom_while_starting
+
+
+def test_the_oom_group_kills_only_the_container_the_kernel_killed_in(tmp_path: Path, monkeypatch) -> None:
+    """A pod's cgroup at its limit: cgroup v1 reports the OOM to every container of the pod, the pause
+    container among them; only the one whose oom_kill count rose is killed, as cgroup v2's group kill."""
+    counts = {("k8s.io", "main"): 1, ("k8s.io", "pause"): 0}
+    group = oomgroup.OomGroup(lambda container, last: (counts[container] > last, counts[container]))
+    for container in counts:
+        for topic in ("/tasks/create", "/tasks/start"):
+            group.on_event(topic, container)
+    assert group.on_event("/tasks/oom", ("k8s.io", "pause")) == []
+    assert group.on_event("/tasks/oom", ("k8s.io", "main")) == [("k8s.io", "main")]
+    assert group.on_event("/tasks/oom", ("k8s.io", "main")) == []  # the same kill, reported again
+    counts[("k8s.io", "main")] = 2
+    assert group.on_event("/tasks/oom", ("k8s.io", "main")) == [("k8s.io", "main")]
+
+    cgroup = tmp_path / "pod1" / "c1"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    assert oomgroup.oom_kills(cgroup) == 3 and oomgroup.oom_kills(tmp_path / "gone") is None
+    monkeypatch.setattr(oomgroup, "memory_cgroup", lambda ctr, namespace, container: cgroup)
+    own_kill = oomgroup.counted_kill(["ctr"])
+    assert own_kill(("k8s.io", "c1"), 2) == (True, 3)
+    assert own_kill(("k8s.io", "c1"), 3) == (False, 3)  # no new kill within oom_kill_counted
 
 
 def test_the_oom_group_kills_every_process_of_the_container_through_containerd(monkeypatch) -> None:
