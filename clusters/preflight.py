@@ -74,9 +74,16 @@ def preflight(api: Any, profile: Any, *, server_timeout_s: float = 10.0) -> dict
         user = _whoami(api)
         raise PreflightError(
             f"{user} may not do what the certification does: cannot " + ", ".join(denied)
-            + f". Apply the ClusterRole {access.ROLE_NAME} ({access.SHIPPED_ROLE_FILE}) "
-            "and bind it to this identity with a ClusterRoleBinding (the suite creates its own namespaces, so a "
-            "namespaced Role is not enough); nothing was created")
+            + f". Apply the ClusterRoles of {access.SHIPPED_ROLE_FILE} and bind {access.ROLE_NAME} to this "
+            "identity with a ClusterRoleBinding (the suite creates its own namespaces, so a namespaced Role is not "
+            f"enough; each run binds {access.RUN_ROLE_NAME} itself); nothing was created")
+
+    gaps = access.run_role_gaps(api)
+    if gaps:
+        raise PreflightError(
+            f"the ClusterRole {access.RUN_ROLE_NAME}, which each run binds in the namespaces it creates, does not "
+            f"grant what the certification does there: " + ", ".join(gaps)
+            + f". Apply {access.SHIPPED_ROLE_FILE} (both of its ClusterRoles); nothing was created")
 
     let_through = access.write_let_through(api)
     if let_through:
@@ -134,20 +141,20 @@ def _missing_apis(api: Any) -> list[tuple[str, str, str, str]]:
     return missing
 
 
-def denied_access(api: Any, checks: Sequence[tuple[str, str, str, str]]) -> list[str]:
-    """The checks a SelfSubjectAccessReview denies, as "verb group/resource[/sub]" strings."""
+def denied_access(api: Any, checks: Sequence[tuple[str, str, str, str, str]]) -> list[str]:
+    """The checks a SelfSubjectAccessReview denies, as "verb group/resource[/sub][ name]" strings."""
     from kubernetes import client
 
     authz = client.AuthorizationV1Api(api)
     denied = []
-    for verb, group, resource, sub in checks:
+    for verb, group, resource, sub, name in checks:
         review = authz.create_self_subject_access_review({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
             "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                            "subresource": sub or None}}})
+                                            "subresource": sub or None, "name": name or None}}})
         if not review.status.allowed:
-            name = f"{group}/{resource}" if group else resource
-            denied.append(f"{verb} {name}{'/' + sub if sub else ''}")
+            what = f"{group}/{resource}" if group else resource
+            denied.append(f"{verb} {what}{'/' + sub if sub else ''}{' ' + name if name else ''}")
     return denied
 
 

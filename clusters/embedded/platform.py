@@ -329,8 +329,8 @@ class EmbeddedPlatform:
 
     def _grant_certifier(self) -> None:
         """What a platform's admins do for whoever certifies it: apply the
-        suite's ClusterRole and PriorityClass (``clusters/rbac/``) and bind the
-        role, and nothing else, to the certifying identity (a client certificate of the
+        suite's ClusterRoles and PriorityClass (``clusters/rbac/``) and bind the
+        certifier's role, and nothing else, to the certifying identity (a client certificate of the
         platform's CA for user ``rayproof-certifier``, in no group)."""
         import yaml
         from kubernetes import client
@@ -338,7 +338,8 @@ class EmbeddedPlatform:
         pair = self.pki.ca.issue(self.run_dir / "pki", "certifier", access.ROLE_NAME, client=True)
         write_kubeconfig(self.certifier_kubeconfig, self.api_server_url, self.ca_file, pair, access.ROLE_NAME)
         rbac = client.RbacAuthorizationV1Api(self.api_client())
-        rbac.create_cluster_role(yaml.safe_load(access.SHIPPED_ROLE.read_text()))
+        for role in yaml.safe_load_all(access.SHIPPED_ROLE.read_text()):  # the certifier's and each run's
+            rbac.create_cluster_role(role)
         client.SchedulingV1Api(self.api_client()).create_priority_class(
             yaml.safe_load(access.SHIPPED_PRIORITY_CLASS.read_text()))
         rbac.create_cluster_role_binding({

@@ -126,7 +126,8 @@ def test_missing_rbac_lists_the_denied_verbs_and_creates_nothing(target, kube_ap
         pf.preflight(config.new_client_from_config(config_file=str(kc)), profile_mod.load())
     text = str(exc.value)
     assert "may not do what the certification does: cannot create namespaces" in text, text
-    assert "create ray.io/rayjobs" in text and "clusters/rbac/rayproof-certifier.yaml" in text, text
+    assert "create rbac.authorization.k8s.io/rolebindings" in text and "clusters/rbac/rayproof-certifier.yaml" in text, \
+        text
     assert writes == []
 
 
@@ -149,7 +150,8 @@ def test_certify_with_a_namespaced_role_only_is_refused_naming_the_missing_verbs
                           cwd=Path(__file__).resolve().parents[2])
     output = proc.stdout + proc.stderr
     assert proc.returncode == PREFLIGHT_EXIT, f"exit {proc.returncode}:\n{output[-3000:]}"
-    for missing in ("create namespaces", "list nodes", "create ray.io/rayjobs", "list apps/deployments"):
+    for missing in ("create namespaces", "list nodes", "list ray.io/rayjobs",
+                    "create rbac.authorization.k8s.io/rolebindings", "list apps/deployments"):
         assert missing in output, f"{missing!r} not named:\n{output[-3000:]}"
     assert "a namespaced Role is not enough" in output, output[-3000:]
     # RBAC lets it create namespaces nowhere; the one namespace it may write in holds what it held.
@@ -158,18 +160,22 @@ def test_certify_with_a_namespaced_role_only_is_refused_naming_the_missing_verbs
 
 def test_the_certifying_identity_is_the_shipped_role_and_nothing_more(target, kube_api) -> None:
     """The embedded platform certifies as user rayproof-certifier, bound to
-    the shipped ClusterRole only: every certification of it runs with
-    exactly that access, which reads no Secret."""
+    the shipped cluster-wide role only: every certification of it runs with
+    exactly that access (and the run's role where it binds it), which reads
+    no Secret and binds no other role."""
     review = client.AuthenticationV1Api(kube_api).create_self_subject_review(
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     assert review.status.user_info.username == "rayproof-certifier", review.status.user_info
     assert not pf.denied_access(kube_api, access.checks())
-    beyond = [("get", "", "secrets", ""), ("list", "", "secrets", ""), ("create", "rbac.authorization.k8s.io",
-              "clusterrolebindings", ""), ("delete", "", "nodes", ""), ("create", "scheduling.k8s.io", "priorityclasses", ""),
-              ("patch", "kueue.x-k8s.io", "clusterqueues", "")]
+    beyond = [("get", "", "secrets", "", ""), ("list", "", "secrets", "", ""),
+              ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""), ("delete", "", "nodes", "", ""),
+              ("create", "scheduling.k8s.io", "priorityclasses", "", ""),
+              ("patch", "kueue.x-k8s.io", "clusterqueues", "", ""),
+              ("bind", "rbac.authorization.k8s.io", "clusterroles", "", "admin")]
     assert pf.denied_access(kube_api, beyond) == [
         "get secrets", "list secrets", "create rbac.authorization.k8s.io/clusterrolebindings", "delete nodes",
-        "create scheduling.k8s.io/priorityclasses", "patch kueue.x-k8s.io/clusterqueues"]
+        "create scheduling.k8s.io/priorityclasses", "patch kueue.x-k8s.io/clusterqueues",
+        "bind rbac.authorization.k8s.io/clusterroles admin"]
 
 
 def test_profile_naming_missing_objects_is_rejected(kube_api) -> None:
@@ -268,30 +274,57 @@ def test_an_operator_installed_but_down_or_too_old_is_refused(kube_api, monkeypa
     assert "kueue-controller-manager runs" not in text, "v0.17.0 is new enough"
 
 
-def test_the_api_server_refuses_the_certifier_writes_outside_its_runs(target, kube_api, run_id: str) -> None:
-    """RBAC lets the certifier's ClusterRole write wherever its verbs reach;
-    the shipped guard (a ValidatingAdmissionPolicy) makes the API server
-    refuse what the suite must never do (each tried as a dry run: admission
-    runs, nothing is stored), and still lets it write in a run's namespace."""
+# `kubectl auth can-i` as the certifier, outside any run's namespace: each a
+# write (or a read of another's pods' logs) the certification must not have there.
+OUTSIDE = "kube-system"
+WRITES_ELSEWHERE = [
+    ("delete", "namespace/kube-system", OUTSIDE), ("create", "pods", OUTSIDE), ("delete", "pods", OUTSIDE),
+    ("deletecollection", "pods", OUTSIDE), ("get", "pods --subresource=log", OUTSIDE), ("create", "secrets", OUTSIDE),
+    ("patch", "leases.coordination.k8s.io", OUTSIDE), ("patch", "leases.coordination.k8s.io", "kube-node-lease"),
+    ("create", "services", OUTSIDE), ("list", "jobs.batch", OUTSIDE), ("list", "events", OUTSIDE),
+    ("create", "networkpolicies.networking.k8s.io", "{stranger}"),
+    ("delete", "networkpolicies.networking.k8s.io", "{stranger}"),
+    ("patch", "rayclusters.ray.io", "{stranger}"), ("delete", "rayjobs.ray.io", "{stranger}"),
+    ("create", "configmaps", "default"),
+]
+
+
+def test_the_certifier_may_write_only_in_namespaces_its_runs_made(target, kube_api, run_id: str) -> None:
+    """RBAC: `kubectl auth can-i` as the certifier answers no for every write
+    outside a run's namespaces, and yes in one its run made and bound the
+    run's role in. The guard (a ValidatingAdmissionPolicy): the two writes
+    RBAC must allow everywhere (a labelled namespace, a RoleBinding of the
+    run's role) are refused outside a run, and a pod on its node's network is
+    refused inside one (each a dry run: admission runs, nothing is stored)."""
+    import subprocess
+
+    def can_i(verb: str, what: str, namespace: str) -> bool:
+        done = subprocess.run([str(target.platform.binaries()["kubectl"]),
+                               f"--kubeconfig={target.platform.certifier_kubeconfig}", "auth", "can-i", verb,
+                               *what.split(), "-n", namespace], capture_output=True, text=True, timeout=60)
+        assert done.stdout.strip() in ("yes", "no"), (verb, what, namespace, done.stdout, done.stderr)
+        return done.stdout.strip() == "yes"
+
     core = client.CoreV1Api(kube_api)
+    rbac = client.RbacAuthorizationV1Api(kube_api)
     admin = client.CoreV1Api(target.platform.api_client())
     stranger = f"rp-{run_id}-stranger"  # another tenant's namespace: no run label
     admin.create_namespace({"metadata": {"name": stranger}})
-    pod = {"metadata": {"name": "reads-a-secret"}, "spec": {"containers": [{"name": "c", "image": "busybox"}],
-                                                           "volumes": [{"name": "s", "secret": {"secretName": "x"}}]}}
+    binding = {"metadata": {"name": access.RUN_ROLE_NAME},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": access.RUN_ROLE_NAME},
+               "subjects": [access.subject(kube_api)]}
     refused = {
-        "a pod in kube-system": lambda: core.create_namespaced_pod("kube-system", pod, dry_run="All"),
-        "a ConfigMap in default": lambda: core.create_namespaced_config_map("default", {"metadata": {"name": "x"}},
-                                                                             dry_run="All"),
-        "deleting another tenant's namespace": lambda: core.delete_namespace(stranger, dry_run="All"),
-        "a pod in another tenant's namespace": lambda: core.create_namespaced_pod(stranger, pod, dry_run="All"),
+        "binding the run's role in kube-system": lambda: rbac.create_namespaced_role_binding(
+            OUTSIDE, binding, dry_run="All"),
+        "binding the run's role in another tenant's namespace": lambda: rbac.create_namespaced_role_binding(
+            stranger, binding, dry_run="All"),
         "a namespace without a run label": lambda: core.create_namespace({"metadata": {"name": f"rp-{run_id}-bare"}},
                                                                           dry_run="All"),
-        "a NetworkPolicy in kube-system": lambda: client.NetworkingV1Api(kube_api).create_namespaced_network_policy(
-            "kube-system", {"metadata": {"name": "x"}, "spec": {"podSelector": {}}}, dry_run="All"),
     }
     let_through = []
     try:
+        allowed = [(verb, what, ns) for verb, what, ns in WRITES_ELSEWHERE
+                   if can_i(verb, what, ns.format(stranger=stranger))]
         for what, write in refused.items():
             try:
                 write()
@@ -300,11 +333,16 @@ def test_the_api_server_refuses_the_certifier_writes_outside_its_runs(target, ku
                 assert exc.status in (403, 422) and "rayproof-certifier-confinement" in (exc.body or ""), (what, exc.body)
     finally:
         admin.delete_namespace(stranger)
-    assert let_through == []
+    assert allowed == [] and let_through == []
     assert access.write_let_through(kube_api) is None
     ns = f"rp-{run_id}-guard"
     core.create_namespace({"metadata": {"name": ns, "labels": {"rayproof.io/run": run_id}}})
     try:
+        assert not can_i("create", "pods", ns), "the run's role before the run bound it"
+        access.bind_run_role(kube_api, ns, {"rayproof.io/run": run_id})
+        assert [(verb, what) for verb, what in (("create", "pods"), ("delete", "namespace/" + ns),
+                                                 ("create", "networkpolicies.networking.k8s.io"))
+                if not can_i(verb, what, ns)] == []
         core.create_namespaced_config_map(ns, {"metadata": {"name": "x"}}, dry_run="All")
         on_the_node = {"metadata": {"name": "p"}, "spec": {"hostNetwork": True, "containers": [
             {"name": "c", "image": "busybox"}]}}
