@@ -23,6 +23,7 @@ import yaml
 
 from chaos import _kube, block_collectives, runner
 from chaos.runner import EXPERIMENTS
+from clusters import access
 
 REPO = Path(__file__).resolve().parents[1]
 FAULT_MODULES = ("chaos.block_collectives", "chaos.head_oom", "chaos.preempt_worker", "chaos.straggler", "chaos.rayjob")
@@ -114,6 +115,7 @@ def namespace(kube_api, run_id: str) -> Iterator[str]:
     ns = f"rp-fault-context-{secrets.token_hex(2)}"
     core.create_namespace({"metadata": {"name": ns, "labels": {"rayproof.io/run": run_id, "rayproof.io/test": ns}}})
     try:
+        access.bind_run_role(kube_api, ns, {"rayproof.io/run": run_id})
         yield ns
     finally:
         core.delete_namespace(ns)

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from clusters import access
 from core import processes, timeouts
 from core.waiting import wait_for
 from fixtures import janitor, leases
@@ -104,6 +105,7 @@ class PlayedRun:
         labels = {leases.RUN_LABEL: self.run_id}
         self.core.create_namespace({"metadata": {"name": self.lease_namespace,
                                                  "labels": {**labels, leases.ROLE_LABEL: leases.LEASE_ROLE}}})
+        access.bind_run_role(api, self.lease_namespace, labels)  # as a run binds its role in what it makes
         at = renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         client.CoordinationV1Api(api).create_namespaced_lease(self.lease_namespace, {
             "metadata": {"name": "holder", "labels": labels},
@@ -111,6 +113,7 @@ class PlayedRun:
                      "acquireTime": at, "renewTime": at}})
         self.core.create_namespace({"metadata": {"name": self.team_namespace, "labels": labels,
                                                  "annotations": {OWNER_ANNOTATION: owner.token}}})
+        access.bind_run_role(api, self.team_namespace, labels)
 
     @property
     def namespaces(self) -> set[str]:

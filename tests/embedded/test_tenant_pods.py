@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from clusters import access
 from core import profile as profile_mod
 from core import timeouts
 from core.waiting import wait_for
@@ -78,6 +79,7 @@ def _suite_pod(platform: Any, profile: profile_mod.CertificationProfile) -> tupl
     lab = Lab(api, profile, "tenancy" + secrets.token_hex(2), "tenancy-" + secrets.token_hex(2), stack)
     ns = f"rp-{lab.key}-a"
     lab.core.create_namespace({"metadata": {"name": ns, "labels": lab.labels}})
+    access.bind_run_role(api, ns, lab.labels)
     stack.callback(lambda: client.CoreV1Api(api).delete_namespace(ns))
     lab.create_pod(ns, {"metadata": {"name": "needs-gpus", "labels": lab.labels}, "spec": {
         "terminationGracePeriodSeconds": 1, "containers": [{
