@@ -2,7 +2,9 @@
 to a gang one of whose workers is late (ADM-3) or never comes (ADM-4)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -162,56 +164,92 @@ def evicted_gang(samples: list[dict[str, Any]], name: str) -> EvictedGang:
     return EvictedGang(evicted, pods, gone)
 
 
-@pytest.mark.clause("ADM-4")
-# platform-owned-ok: ADM-4 judges the platform's own waitForPodsReady (its docstring names it); read, never set
-def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_path) -> None:
-    """When one worker of an admitted gang can never start (its image cannot be
-    pulled), Kueue's waitForPodsReady MUST evict the Workload (Evicted, reason
-    PodsReadyTimeout) and within the profile's waitForPodsReady timeout plus 60 s
-    slack from admission all of the gang's pods MUST be gone and its quota
-    released (the ClusterQueue reserves nothing), the Workload MUST be requeued
-    after the profile's promised back-off (backoffBase) and no later than the
-    promise plus its own length or 30 s, whichever is more, and no training
-    step MUST run with a partial world (the driver never starts). A platform
-    with waitForPodsReady off fails: nothing would evict a gang stuck short of
-    Ready."""
+@dataclass(frozen=True)
+class EvictionBounds:
+    """The profile's waitForPodsReady promises and the bounds ADM-4 judges against."""
+    timeout_s: float  # waitForPodsReady's timeout
+    backoff_s: float  # its back-off (backoffBase)
+    bound: float  # eviction, pods gone and quota released: the timeout plus slack, from admission
+    backoff_bound: float  # the requeue after eviction: the back-off plus its own length or the slack
+
+
+@dataclass(frozen=True)
+class StuckGang:
+    """What the samples show of a gang that never gets Ready, from its admission to its requeue."""
+    admitted: dict[str, Any] | None  # the first sample with the Workload admitted
+    admitted_t: float | None  # admission, on the sampler's monotonic clock
+    evicted_at: float | None  # the PodsReadyTimeout eviction's lastTransitionTime (epoch s)
+    first_pods: list[str]  # the pods the gang had before its eviction
+    gone: dict[str, Any] | None  # the first sample after the eviction with none of them left
+    released: dict[str, Any] | None  # the first sample after the eviction with the gang's quota released
+    requeued_at: float | None  # the Requeued condition's lastTransitionTime after the eviction (epoch s)
+    requeues: int  # the highest requeueState count sampled
+
+
+def require_wait_for_pods_ready(lab: Any, evidence: Any) -> None:
+    """Records the profile's waitForPodsReady and fails the clause where it is off (null)."""
     wfpr = evidence.record("wait_for_pods_ready",
                            lab.profile["kueue"]["waitForPodsReady"])  # platform-owned-ok: its stated value, read
     if not wfpr:
         pytest.fail("kueue.waitForPodsReady is off on this platform (profile value null): "  # platform-owned-ok: judged
                     "nothing evicts a gang stuck short of Ready, so a gang with an unpullable worker holds its GPUs "
                     "indefinitely")
+
+
+def record_eviction_bounds(lab: Any, evidence: Any) -> EvictionBounds:
+    """The profile's waitForPodsReady timeout and back-off, with the two bounds derived from them (recorded)."""
     timeout_s = lab.profile.wait_for_pods_ready_s
     backoff_s = lab.profile.seconds("kueue.waitForPodsReady.backoffBase")  # platform-owned-ok: read
     bound = timeout_s + timeouts.FAIL_FAST_SLACK.seconds
     evidence.record("bound_s", bound)
     backoff_bound = evidence.record("backoff_bound_s", backoff_s + max(backoff_s, timeouts.BACKOFF_SLACK.seconds))
-    gang = gang_gpus(lab)
-    ns = lab.namespace("a", gpus=gang)
-    name = lab.name("stuck")
-    job = training_rayjob(lab, ns, name, steps=4)
-    sampler = Sampler(lab, {name: ns}, lab.cluster_queue, logs=True)
-    with evidence.phase("inject and observe"), sampler.in_background(1.0):
-        journal = runner.run("straggler", {
-            "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
-            "rayjob": job, "rayjob_name": name,
-            "delay_s": None, "wait_for": "requeued", "within_s": bound}, journal_path=tmp_path / "journal.json")
-        # The experiment ends at the requeue, which can come (after a 10 s
-        # back-off) before the evicted gang's pods have finished terminating:
-        # keep sampling until they are gone, so the figure below is measured
-        # rather than cut off. Whether that was within the bound is judged after.
-        try:
-            wait_for(lambda: evicted_gang(sampler.samples, name),
-                     lambda gang: gang.evicted is None or gang.gone is not None, timeout=timeouts.OBJECT_DELETE,
-                     description=f"the evicted gang of {name} to have no pods left")
-        except WaitTimeout as exc:
-            evidence.record("pods_gone_wait", str(exc)[:500])
+    return EvictionBounds(timeout_s, backoff_s, bound, backoff_bound)
+
+
+def inject_unpullable_worker(lab: Any, ns: str, name: str, job: dict[str, Any], bound: float,
+                             tmp_path: Path) -> dict[str, Any]:
+    """Runs the straggler experiment with a worker that never comes (no delay: its image cannot be pulled) until
+    the Workload is requeued or ``bound`` s pass; returns its journal."""
+    return runner.run("straggler", {
+        "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
+        "rayjob": job, "rayjob_name": name,
+        "delay_s": None, "wait_for": "requeued", "within_s": bound}, journal_path=tmp_path / "journal.json")
+
+
+def wait_evicted_gang_gone(evidence: Any, sampler: Sampler, name: str) -> None:
+    """Waits (sampling in the background) until the evicted gang of ``name`` has no pods left; a timeout is
+    recorded, not raised."""
+    # The experiment ends at the requeue, which can come (after a 10 s
+    # back-off) before the evicted gang's pods have finished terminating:
+    # keep sampling until they are gone, so the figure below is measured
+    # rather than cut off. Whether that was within the bound is judged after.
+    try:
+        wait_for(lambda: evicted_gang(sampler.samples, name),
+                 lambda gang: gang.evicted is None or gang.gone is not None, timeout=timeouts.OBJECT_DELETE,
+                 description=f"the evicted gang of {name} to have no pods left")
+    except WaitTimeout as exc:
+        evidence.record("pods_gone_wait", str(exc)[:500])
+
+
+def record_experiment(evidence: Any, journal: dict[str, Any], tmp_path: Path, key: str) -> Any:
+    """Records the experiment's summary and journal, and its ``outcome`` activity's output as ``key``; returns
+    that output."""
     evidence.record("experiment", runner.summary(journal))
     evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
-    outcome = evidence.record("outcome", runner.output(journal, "outcome"))
+    return evidence.record(key, runner.output(journal, "outcome"))
+
+
+def record_samples(evidence: Any, sampler: Sampler) -> list[dict[str, Any]]:
+    """Records the sampler's samples (compacted) and its first errors; returns the samples."""
     samples = sampler.samples
     evidence.record("samples", compact(samples))
     evidence.record("sampler_errors", sampler.errors[:10])
+    return samples
+
+
+def measure_stuck_gang(samples: list[dict[str, Any]], name: str, outcome: dict[str, Any]) -> StuckGang:
+    """The stuck gang's admission, eviction, pods gone, quota released and requeue, read from the samples (the
+    requeue from the experiment's own probe where no sample caught it)."""
     admitted = first_sample(samples, name, lambda s, j: j["admitted"])
     evicted_at = condition_at(samples, name, "Evicted", reason="PodsReadyTimeout")
     evicted, first_pods, gone = evicted_gang(samples, name)
@@ -233,6 +271,15 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
     # Durations from admission are read on the sampler's monotonic clock (the
     # requeue's back-off, between two of the API server's own timestamps, on its).
     admitted_t = condition_t(samples, name, "Admitted")
+    return StuckGang(admitted, admitted_t, evicted_at, first_pods, gone, released, requeued_at, requeues)
+
+
+def record_stuck_gang_figures(evidence: Any, samples: list[dict[str, Any]], name: str,
+                              stuck: StuckGang) -> dict[str, Any]:
+    """Records the figures ADM-4 judges (durations from admission, the requeue, Ready and driver pods) and the
+    gang's pods and quota second by second; returns the figures."""
+    admitted_t, evicted_at, first_pods = stuck.admitted_t, stuck.evicted_at, stuck.first_pods
+    gone, released, requeued_at, requeues = stuck.gone, stuck.released, stuck.requeued_at, stuck.requeues
 
     def since_admission(t: float | None) -> float | None:
         return None if t is None or admitted_t is None else round(t - admitted_t, 1)
@@ -252,9 +299,24 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         evidence.record("gang_per_second", [[round(s["t"] - admitted_t, 1), s["jobs"][name]["pods"],
                                              s["jobs"][name]["releasing"], s["jobs"][name]["reserved_gpus"]]
                                             for s in samples if name in s["jobs"]])
+    return figures
+
+
+def record_held_quota_cost(lab: Any, evidence: Any, gang: int, figures: dict[str, Any]) -> None:
+    """Records the cost of the gang's GPUs held from admission until the eviction released them, where measured."""
     if figures["quota_released_after_admission_s"] is not None:
         record_idle_cost(lab.profile, evidence, gang * figures["quota_released_after_admission_s"],
                          "a gang that never gets Ready holding its quota from admission until its eviction released it")
+
+
+def judge_eviction_and_requeue(name: str, job: dict[str, Any], sampler: Sampler, samples: list[dict[str, Any]],
+                               outcome: dict[str, Any], bounds: EvictionBounds, stuck: StuckGang,
+                               figures: dict[str, Any]) -> None:
+    """ADM-4's verdict: admitted, evicted for PodsReadyTimeout, pods gone and quota released within the bound,
+    requeued after the promised back-off, and never a driver or a training step with a partial world."""
+    timeout_s, backoff_s, bound, backoff_bound = bounds.timeout_s, bounds.backoff_s, bounds.bound, bounds.backoff_bound
+    admitted, admitted_t, evicted_at, first_pods = stuck.admitted, stuck.admitted_t, stuck.evicted_at, stuck.first_pods
+    gone, released, requeued_at, requeues = stuck.gone, stuck.released, stuck.requeued_at, stuck.requeues
     assert admitted and admitted_t is not None, f"the Workload of {name} was never seen admitted (samples: {len(samples)})"
     assert outcome["evicted"]["reached"] and evicted_at and figures["evicted_after_admission_s"] is not None, (
         f"the Workload of {name} was not evicted for PodsReadyTimeout within {bound:g} s of submission; "
@@ -284,7 +346,38 @@ def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_p
         f"a driver started (submitter pods {figures['max_submitter_pods']}) although the gang was never whole")
     steps = parse_events(sampler.driver_logs.get(name, ""))
     assert not [e for e in steps if e["event"] == "step"], f"training steps ran with a partial world: {steps}"
-    require_promises_configured(lab, evidence, timeout_s, backoff_s)
+
+
+@pytest.mark.clause("ADM-4")
+# platform-owned-ok: ADM-4 judges the platform's own waitForPodsReady (its docstring names it); read, never set
+def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_path) -> None:
+    """When one worker of an admitted gang can never start (its image cannot be
+    pulled), Kueue's waitForPodsReady MUST evict the Workload (Evicted, reason
+    PodsReadyTimeout) and within the profile's waitForPodsReady timeout plus 60 s
+    slack from admission all of the gang's pods MUST be gone and its quota
+    released (the ClusterQueue reserves nothing), the Workload MUST be requeued
+    after the profile's promised back-off (backoffBase) and no later than the
+    promise plus its own length or 30 s, whichever is more, and no training
+    step MUST run with a partial world (the driver never starts). A platform
+    with waitForPodsReady off fails: nothing would evict a gang stuck short of
+    Ready."""
+    require_wait_for_pods_ready(lab, evidence)
+    bounds = record_eviction_bounds(lab, evidence)
+    gang = gang_gpus(lab)
+    ns = lab.namespace("a", gpus=gang)
+    name = lab.name("stuck")
+    job = training_rayjob(lab, ns, name, steps=4)
+    sampler = Sampler(lab, {name: ns}, lab.cluster_queue, logs=True)
+    with evidence.phase("inject and observe"), sampler.in_background(1.0):
+        journal = inject_unpullable_worker(lab, ns, name, job, bounds.bound, tmp_path)
+        wait_evicted_gang_gone(evidence, sampler, name)
+    outcome = record_experiment(evidence, journal, tmp_path, "outcome")
+    samples = record_samples(evidence, sampler)
+    stuck = measure_stuck_gang(samples, name, outcome)
+    figures = record_stuck_gang_figures(evidence, samples, name, stuck)
+    record_held_quota_cost(lab, evidence, gang, figures)
+    judge_eviction_and_requeue(name, job, sampler, samples, outcome, bounds, stuck, figures)
+    require_promises_configured(lab, evidence, bounds.timeout_s, bounds.backoff_s)
 
 
 def require_promises_configured(lab, evidence, timeout_s: float | None, backoff_s: float | None) -> None:
@@ -298,6 +391,135 @@ def require_promises_configured(lab, evidence, timeout_s: float | None, backoff_
     disagreements = kueue.promise_disagreements(configured, timeout_s, backoff_s)
     assert not disagreements, ("the platform's Kueue is not configured as the profile promises: "
                                + "; ".join(disagreements))
+
+
+@dataclass(frozen=True)
+class LateGang:
+    """The late worker's gang as its driver and the sampler saw it."""
+    started: list[dict[str, Any]]  # the driver's worker_group_started events
+    steps: list[dict[str, Any]]  # the driver's step events
+    clusters: list[str]  # every RayCluster the gang's pods belonged to
+    gpu_pods: dict[str, dict[str, Any]]  # the GPU worker pods of the RayJob's final RayCluster
+    ready: dict[str, float | None]  # their first Ready times (epoch s)
+
+
+@dataclass(frozen=True)
+class GangThrash:
+    """Whether Kueue evicted or requeued the late worker's gang, and how long its pods took to start."""
+    evictions: list[str]  # every Evicted condition seen, "<reason> at <time>"
+    requeues: int  # the highest requeueState count sampled
+    started_s: dict[str, float | None]  # each gang pod's creation to Ready (None: never Ready)
+
+
+def inject_late_worker(lab: Any, ns: str, name: str, job: dict[str, Any], delay_s: float, slow_image: str | None,
+                       tmp_path: Path) -> dict[str, Any]:
+    """Runs the straggler experiment: one worker Ready ``delay_s`` late (a real pull of ``slow_image`` where the
+    platform names one), until the RayJob finishes or is evicted; returns its journal."""
+    return runner.run("straggler", {
+        "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
+        "rayjob": job, "rayjob_name": name, "delay_s": delay_s, "slow_image": slow_image or "",
+        "wait_for": "finished_or_evicted", "within_s": timeouts.TRAINING_RUN.seconds},
+        journal_path=tmp_path / "journal.json")
+
+
+def record_world(evidence: Any, sampler: Sampler, name: str, outcome: dict[str, Any]) -> LateGang:
+    """Records the gang's RayClusters, its GPU workers' Ready times and the world sizes its driver saw."""
+    events = parse_events(sampler.driver_logs.get(name, ""))
+    started = [e for e in events if e["event"] == "worker_group_started"]
+    steps = [e for e in events if e["event"] == "step"]
+    clusters = sorted({v["cluster"] for v in sampler.pod_ready.values() if v["job"] == name})
+    evidence.record("rayclusters", clusters)  # more than one: the gang was evicted and requeued
+    gpu_pods = {p: v for p, v in sampler.pod_ready.items()
+                if v["job"] == name and v["gpus"] and clusters and v["cluster"] == outcome["status"]["rayClusterName"]}
+    ready = {p: epoch(v["ready"]) for p, v in gpu_pods.items()}
+    evidence.record("worker_ready", {p: v["ready"] for p, v in gpu_pods.items()})
+    evidence.record("world_sizes", {"worker_group_started": [e["world_size"] for e in started],
+                                    "steps": [e["world_size"] for e in steps]})
+    return LateGang(started, steps, clusters, gpu_pods, ready)
+
+
+def record_evictions(evidence: Any, sampler: Sampler, name: str, outcome: dict[str, Any]) -> GangThrash:
+    """Records every eviction and requeue of the gang's Workload, and each gang pod's creation-to-Ready time."""
+    evictions = sorted({f"{c['reason']} at {c['at']}" for smp in sampler.samples
+                        for c in [smp["jobs"].get(name, {}).get("conditions", {}).get("Evicted")]
+                        if c and c["status"] == "True"})
+    requeues = max((int((smp["jobs"][name]["requeue"] or {}).get("count") or 0) for smp in sampler.samples
+                    if name in smp["jobs"]), default=0)
+    if outcome.get("evicted"):
+        evictions = sorted({*evictions, f"{outcome['evicted']['reason']} at {outcome['evicted']['lastTransitionTime']}"})
+    evidence.record("evictions", evictions)
+    evidence.record("requeues", requeues)
+    # Every pod of the gang (head included, each RayCluster), from creation to
+    # Ready (null: never Ready): an eviction whose other pods were slow too
+    # says the gang's start, not the straggler, outran waitForPodsReady.
+    started_s = evidence.record("gang_created_to_ready_s", {
+        p: (round(epoch(v["ready"]) - epoch(v["created"]), 1) if v["ready"] and v["created"] else None)
+        for p, v in sorted(sampler.pod_ready.items()) if v["job"] == name})
+    return GangThrash(evictions, requeues, started_s)
+
+
+def judge_fault_injected(outcome: dict[str, Any], pulls: list[dict[str, Any]], slow_image: str | None) -> None:
+    """The experiment ran without error, and the straggler's pull of the platform's slow image (where it names
+    one) did not only fail."""
+    assert not outcome.get("cause"), outcome["cause"]
+    slow = [p for p in pulls if slow_image and p["container"] == straggler.SLOW_PULL_FIELD_PATH]
+    failed = [p["message"] for p in slow if p["reason"] == "Failed"]
+    if failed and not any(p["reason"] == "Pulled" for p in slow):
+        pytest.fail(f"the straggler's pull of the platform's slow image failed ({'; '.join(failed)}), so the fault did not "
+                    f"take effect: kueue.slowPullImage ({slow_image}) must name an image path this platform's nodes "
+                    "pull from (null: the straggler's delay is simulated in its pod)")
+
+
+def judge_gang_waited_whole(lab: Any, name: str, delay_s: float, outcome: dict[str, Any], world: LateGang,
+                            thrash: GangThrash) -> None:
+    """The gang was never evicted or requeued and kept one RayCluster, and the RayJob succeeded."""
+    clusters, evictions, requeues, started_s = world.clusters, thrash.evictions, thrash.requeues, thrash.started_s
+    assert not evictions and not requeues and len(clusters) <= 1, (
+        f"Kueue evicted the gang of RayJob {name} ({'; '.join(evictions) or 'requeued'}; RayClusters {clusters}) "
+        f"while one worker's image pull took {delay_s:g} s, within the platform's promised longest healthy pull: "
+        f"a waitForPodsReady ({lab.profile['kueue']['waitForPodsReady']}) "  # platform-owned-ok: its stated value, named
+        f"shorter than the platform's own pulls and starts makes gangs thrash, paying for every start twice (the "
+        f"gang's pods, creation to Ready: {started_s})")
+    assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
+        f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
+        f"expected SUCCEEDED")
+
+
+def record_straggler_idle_cost(lab: Any, evidence: Any, world: LateGang, workers: int) -> None:
+    """Records the straggler's lag and the cost of the early workers' GPUs held idle waiting for it (every GPU
+    worker must have a Ready time)."""
+    gpu_pods, ready = world.gpu_pods, world.ready
+    assert len(ready) == workers and None not in ready.values(), (
+        f"expected Ready times for {workers} GPU worker pods, sampled {ready}")
+    last = max(ready.values())
+    idle_s = sum((last - ready[p]) * v["gpus"] for p, v in gpu_pods.items())
+    evidence.record("straggler_lag_s", round(last - min(ready.values()), 1))
+    record_idle_cost(lab.profile, evidence, idle_s, "the gang's early workers waiting for a straggler's image pull")
+
+
+def record_straggler_own_delay(evidence: Any, world: LateGang) -> list[float]:
+    """Records, and returns, how long the straggler's own pod took from creation to Ready."""
+    gpu_pods, ready = world.gpu_pods, world.ready
+    # The fault took effect: the straggler's own pod took at least the delay
+    # from creation to Ready (the other workers' start-up runs meanwhile, so
+    # the lag between them can be shorter on a slow machine).
+    late = [p for p, v in gpu_pods.items() if v["group"] == straggler.STRAGGLER_GROUP]
+    own_s = [ready[p] - epoch(gpu_pods[p]["created"]) for p in late if gpu_pods[p]["created"]]
+    evidence.record("straggler_created_to_ready_s", [round(x, 1) for x in own_s])
+    return own_s
+
+
+def judge_full_world_after_straggler(own_s: list[float], delay_s: float, world: LateGang, workers: int) -> None:
+    """The fault took effect, and the worker group started and every one of the 6 steps ran with the full world."""
+    started, steps = world.started, world.steps
+    assert own_s and min(own_s) >= delay_s, (
+        f"the straggler pod was Ready {own_s} s after its creation, less than its {delay_s} s delay: the fault "
+        "did not take effect, so the clause observed nothing")
+    assert started and all(e["world_size"] == workers for e in started), (
+        f"expected the worker group to start with world size {workers}, saw {started}")
+    assert steps and all(e["world_size"] == workers for e in steps), (
+        f"expected every step with world size {workers}, saw {[(e['step'], e['world_size']) for e in steps]}")
+    assert steps[0]["step"] == 1 and len(steps) == 6, f"expected steps 1..6, saw {[e['step'] for e in steps]}"
 
 
 @pytest.mark.clause("ADM-3")
@@ -322,76 +544,15 @@ def test_late_worker_delays_training_without_splitting_it(lab, evidence, tmp_pat
     job = training_rayjob(lab, ns, name, workers=workers, steps=6)
     sampler = Sampler(lab, {name: ns}, lab.cluster_queue, logs=True)
     with evidence.phase("inject and observe"), sampler.in_background(1.0):
-        journal = runner.run("straggler", {
-            "kubeconfig": str(lab.kubeconfig), "context": lab.context, "namespace": ns,
-            "rayjob": job, "rayjob_name": name, "delay_s": delay_s, "slow_image": slow_image or "",
-            "wait_for": "finished_or_evicted", "within_s": timeouts.TRAINING_RUN.seconds},
-            journal_path=tmp_path / "journal.json")
+        journal = inject_late_worker(lab, ns, name, job, delay_s, slow_image, tmp_path)
     pulls = evidence.record("straggler_pulls", straggler.pulls(str(lab.kubeconfig), ns, lab.context))
-    evidence.record("experiment", runner.summary(journal))
-    evidence.attach_file("chaostoolkit journal", tmp_path / "journal.json")
-    outcome = evidence.record("rayjob", runner.output(journal, "outcome"))
-    events = parse_events(sampler.driver_logs.get(name, ""))
-    started = [e for e in events if e["event"] == "worker_group_started"]
-    steps = [e for e in events if e["event"] == "step"]
-    clusters = sorted({v["cluster"] for v in sampler.pod_ready.values() if v["job"] == name})
-    evidence.record("rayclusters", clusters)  # more than one: the gang was evicted and requeued
-    gpu_pods = {p: v for p, v in sampler.pod_ready.items()
-                if v["job"] == name and v["gpus"] and clusters and v["cluster"] == outcome["status"]["rayClusterName"]}
-    ready = {p: epoch(v["ready"]) for p, v in gpu_pods.items()}
-    evidence.record("worker_ready", {p: v["ready"] for p, v in gpu_pods.items()})
-    evidence.record("world_sizes", {"worker_group_started": [e["world_size"] for e in started],
-                                    "steps": [e["world_size"] for e in steps]})
-    evictions = sorted({f"{c['reason']} at {c['at']}" for smp in sampler.samples
-                        for c in [smp["jobs"].get(name, {}).get("conditions", {}).get("Evicted")]
-                        if c and c["status"] == "True"})
-    requeues = max((int((smp["jobs"][name]["requeue"] or {}).get("count") or 0) for smp in sampler.samples
-                    if name in smp["jobs"]), default=0)
-    if outcome.get("evicted"):
-        evictions = sorted({*evictions, f"{outcome['evicted']['reason']} at {outcome['evicted']['lastTransitionTime']}"})
-    evidence.record("evictions", evictions)
-    evidence.record("requeues", requeues)
-    # Every pod of the gang (head included, each RayCluster), from creation to
-    # Ready (null: never Ready): an eviction whose other pods were slow too
-    # says the gang's start, not the straggler, outran waitForPodsReady.
-    started_s = evidence.record("gang_created_to_ready_s", {
-        p: (round(epoch(v["ready"]) - epoch(v["created"]), 1) if v["ready"] and v["created"] else None)
-        for p, v in sorted(sampler.pod_ready.items()) if v["job"] == name})
-    assert not outcome.get("cause"), outcome["cause"]
-    slow = [p for p in pulls if slow_image and p["container"] == straggler.SLOW_PULL_FIELD_PATH]
-    failed = [p["message"] for p in slow if p["reason"] == "Failed"]
-    if failed and not any(p["reason"] == "Pulled" for p in slow):
-        pytest.fail(f"the straggler's pull of the platform's slow image failed ({'; '.join(failed)}), so the fault did not "
-                    f"take effect: kueue.slowPullImage ({slow_image}) must name an image path this platform's nodes "
-                    "pull from (null: the straggler's delay is simulated in its pod)")
-    assert not evictions and not requeues and len(clusters) <= 1, (
-        f"Kueue evicted the gang of RayJob {name} ({'; '.join(evictions) or 'requeued'}; RayClusters {clusters}) "
-        f"while one worker's image pull took {delay_s:g} s, within the platform's promised longest healthy pull: "
-        f"a waitForPodsReady ({lab.profile['kueue']['waitForPodsReady']}) "  # platform-owned-ok: its stated value, named
-        f"shorter than the platform's own pulls and starts makes gangs thrash, paying for every start twice (the "
-        f"gang's pods, creation to Ready: {started_s})")
-    assert outcome["reached"] and outcome["status"]["jobStatus"] == "SUCCEEDED", (
-        f"RayJob {name} with a {delay_s} s straggler ended {outcome['status']} after {outcome['elapsed_s']} s, "
-        f"expected SUCCEEDED")
-    assert len(ready) == workers and None not in ready.values(), (
-        f"expected Ready times for {workers} GPU worker pods, sampled {ready}")
-    last = max(ready.values())
-    idle_s = sum((last - ready[p]) * v["gpus"] for p, v in gpu_pods.items())
-    evidence.record("straggler_lag_s", round(last - min(ready.values()), 1))
-    record_idle_cost(lab.profile, evidence, idle_s, "the gang's early workers waiting for a straggler's image pull")
-    # The fault took effect: the straggler's own pod took at least the delay
-    # from creation to Ready (the other workers' start-up runs meanwhile, so
-    # the lag between them can be shorter on a slow machine).
-    late = [p for p, v in gpu_pods.items() if v["group"] == straggler.STRAGGLER_GROUP]
-    own_s = [ready[p] - epoch(gpu_pods[p]["created"]) for p in late if gpu_pods[p]["created"]]
-    evidence.record("straggler_created_to_ready_s", [round(x, 1) for x in own_s])
-    assert own_s and min(own_s) >= delay_s, (
-        f"the straggler pod was Ready {own_s} s after its creation, less than its {delay_s} s delay: the fault "
-        "did not take effect, so the clause observed nothing")
-    assert started and all(e["world_size"] == workers for e in started), (
-        f"expected the worker group to start with world size {workers}, saw {started}")
-    assert steps and all(e["world_size"] == workers for e in steps), (
-        f"expected every step with world size {workers}, saw {[(e['step'], e['world_size']) for e in steps]}")
-    assert steps[0]["step"] == 1 and len(steps) == 6, f"expected steps 1..6, saw {[e['step'] for e in steps]}"
+    outcome = record_experiment(evidence, journal, tmp_path, "rayjob")
+    world = record_world(evidence, sampler, name, outcome)
+    thrash = record_evictions(evidence, sampler, name, outcome)
+    judge_fault_injected(outcome, pulls, slow_image)
+    judge_gang_waited_whole(lab, name, delay_s, outcome, world, thrash)
+    record_straggler_idle_cost(lab, evidence, world, workers)
+    own_s = record_straggler_own_delay(evidence, world)
+    judge_full_world_after_straggler(own_s, delay_s, world, workers)
     require_promises_configured(lab, evidence, lab.profile.wait_for_pods_ready_s,  # platform-owned-ok: read
                                 lab.profile.seconds("kueue.waitForPodsReady.backoffBase"))  # platform-owned-ok

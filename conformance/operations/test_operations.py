@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -140,24 +142,19 @@ def test_ray_dashboard_not_exposed_without_authentication(lab, evidence, request
     assert not open_doors, "Ray control ports are reachable from outside the cluster: " + "; ".join(open_doors)
 
 
-@pytest.mark.clause("SEC-2")
-def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
-    """Teams MUST be isolated at the cluster level: a Ray node started in team
-    B's namespace (another tenant of the platform, with its own
-    ClusterQueue) MUST be refused by the GCS of team A's RayCluster (from the
-    platform's golden template, in a namespace its onboarding provisioned) and
-    never join it, while the same node started in team A's own namespace joins
-    (the probe's control); a pod of team B's namespace, whether plain or
-    wearing the KubeRay operator's pod label, MUST open none of the head's
-    Ray ports (GCS 6379, dashboard and Jobs API 8265, client 10001) that a
-    pod of team A's namespace opens in the same window; and team A's GCS MUST
-    list only nodes that are pods of team A's namespace. What keeps them apart
-    is the platform's (its NetworkPolicies, Ray authentication); the policies
-    are recorded."""
-    ns_a, ns_b = lab.namespace("a"), lab.namespace("b", own_tenant=True)  # another tenant: its own ClusterQueue
-    cluster = lab.name("team-a")
-    evidence.record("policies", {ns: [p.metadata.name for p in lab.net.list_namespaced_network_policy(ns).items]
-                                 for ns in (ns_a, ns_b)})  # platform-owned-ok: read
+@dataclass(frozen=True)
+class JoinAttempts:
+    """What SEC-2's join attempts and port probes against team A's head saw."""
+
+    ports: list[int]  # every Ray port of the head
+    ip: str  # the head pod's IP, where the ports were probed
+    foreign: dict[str, Any]  # the join attempt from team B's namespace
+    seen: dict[str, Any]  # the head's ports as each probe pod found them, by where it ran
+
+
+def start_team_a_cluster(lab: Any, evidence: Any, ns_a: str, cluster: str) -> tuple[Any, str, str]:
+    """Team A's RayCluster from the golden template, its head Ready and recorded; the head pod, its Service's
+    host name and its GCS address."""
     with evidence.phase("team A's cluster"):
         lab.create_ray(ns_a, "rayclusters", lab.raycluster(ns_a, cluster, workers=0))
         head = wait_for(lambda: [p for p in lab.pods(ns_a, f"ray.io/cluster={cluster},ray.io/node-type=head")
@@ -170,6 +167,12 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
         host = f"{service}.{ns_a}.svc.cluster.local"
         gcs = f"{host}:{mf.GCS_PORT}"
         evidence.record("team_a_head", {"pod": head.metadata.name, "ip": head.status.pod_ip, "service": host})
+    return head, host, gcs
+
+
+def attempt_joins(lab: Any, evidence: Any, ns_a: str, ns_b: str, head: Any, gcs: str) -> JoinAttempts:
+    """Join attempts: a Ray node joining ``gcs`` from team A's namespace (the control, which must join) and
+    from team B's, while pods of both namespaces probe every Ray port of the head; all recorded."""
     with evidence.phase("join attempts"):
         # Every Ray port of the head, tried from both namespaces while the joins run.
         ports, ip = list(mf.HEAD_PORTS), head.status.pod_ip
@@ -189,10 +192,22 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
             refused_for_s=max(FOREIGN_JOIN_MIN_S, FOREIGN_JOIN_FACTOR * control["seconds"])))
         seen = evidence.record("head_ports", {"ip": ip, **{k: port_probe_result(lab, n, pod)
                                                              for k, (n, pod) in probes.items()}})
+    return JoinAttempts(ports=ports, ip=ip, foreign=foreign, seen=seen)
+
+
+def team_a_strangers(lab: Any, evidence: Any, ns_a: str, host: str) -> list[dict[str, Any]]:
+    """Team A's view: the nodes its GCS lists (recorded); those alive that are not pods of ``ns_a``."""
     with evidence.phase("team A's view"):
         nodes = evidence.record("team_a_gcs_nodes", ray_nodes_seen_from(lab, ns_a, f"{host}:{mf.DASHBOARD_PORT}"))
         team_a_ips = {p.status.pod_ip for p in lab.pods(ns_a) if p.status.pod_ip}
         strangers = [n for n in nodes if n["state"] == "ALIVE" and n["ip"] not in team_a_ips]
+    return strangers
+
+
+def judge_isolation(ns_a: str, ns_b: str, gcs: str, joins: JoinAttempts, strangers: list[dict[str, Any]]) -> None:
+    """Fail unless team B's node was refused and never joined, no pod of team B's namespace opened a port of
+    the head that a pod of team A's opened, and team A's GCS lists no live node of another namespace."""
+    ports, ip, foreign, seen = joins.ports, joins.ip, joins.foreign, joins.seen
     assert not foreign["joined"], (
         f"a Ray node started in team B's namespace {ns_b} joined team A's GCS at {gcs} "
         f"{foreign['seconds']} s after it started: the namespaces are not isolated (no NetworkPolicy or Ray "
@@ -212,3 +227,27 @@ def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
             for who, found in let_in.items() if found)
         + " (no NetworkPolicy or Ray authentication of the platform keeps other namespaces away from the head)")
     assert not strangers, f"team A's GCS lists live nodes that are not pods of {ns_a}: {strangers}"
+
+
+@pytest.mark.clause("SEC-2")
+def test_no_ray_node_joins_another_teams_gcs(lab, evidence) -> None:
+    """Teams MUST be isolated at the cluster level: a Ray node started in team
+    B's namespace (another tenant of the platform, with its own
+    ClusterQueue) MUST be refused by the GCS of team A's RayCluster (from the
+    platform's golden template, in a namespace its onboarding provisioned) and
+    never join it, while the same node started in team A's own namespace joins
+    (the probe's control); a pod of team B's namespace, whether plain or
+    wearing the KubeRay operator's pod label, MUST open none of the head's
+    Ray ports (GCS 6379, dashboard and Jobs API 8265, client 10001) that a
+    pod of team A's namespace opens in the same window; and team A's GCS MUST
+    list only nodes that are pods of team A's namespace. What keeps them apart
+    is the platform's (its NetworkPolicies, Ray authentication); the policies
+    are recorded."""
+    ns_a, ns_b = lab.namespace("a"), lab.namespace("b", own_tenant=True)  # another tenant: its own ClusterQueue
+    cluster = lab.name("team-a")
+    evidence.record("policies", {ns: [p.metadata.name for p in lab.net.list_namespaced_network_policy(ns).items]
+                                 for ns in (ns_a, ns_b)})  # platform-owned-ok: read
+    head, host, gcs = start_team_a_cluster(lab, evidence, ns_a, cluster)
+    joins = attempt_joins(lab, evidence, ns_a, ns_b, head, gcs)
+    strangers = team_a_strangers(lab, evidence, ns_a, host)
+    judge_isolation(ns_a, ns_b, gcs, joins, strangers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -113,6 +114,168 @@ def upgrade_to(request: pytest.FixtureRequest) -> str:
     return version
 
 
+@dataclass(frozen=True)
+class Workloads:
+    """UPG-1's running workloads: the training RayJob ``ns_train/job_name`` and the RayService
+    ``ns_serve/service_name`` under load."""
+
+    ns_train: str
+    job_name: str
+    ns_serve: str
+    service_name: str
+
+
+@dataclass(frozen=True)
+class UpgradeRun:
+    """What the operator upgrade did: when it began, the training's steps then, the target's report of it
+    (``{"failed": ...}`` where it raised UpgradeFailed), and when the new operator was ready."""
+
+    began: float
+    steps_at_start: int
+    upgrade: dict[str, Any]
+    ready_at: float
+
+
+def start_load_and_training(lab: Any, evidence: Any, w: Workloads) -> tuple[DriverLog, str]:
+    """Steady state: the RayService's apps running and answering the load generator, and the training RayJob
+    stepping; the training's driver log and the load generator's pod."""
+    with evidence.phase("steady state"):
+        wait_for(lambda: service_sample(lab, w.ns_serve, w.service_name), lambda s: s["cluster"] and apps_running(s),
+                 timeout=SERVICE_UP, interval=2, description=f"RayService {w.ns_serve}/{w.service_name} apps RUNNING")
+        serve_svc = f"{w.service_name}-serve-svc"
+        wait_for(lambda: serve_endpoints(lab, w.ns_serve, serve_svc), timeout=timeouts.SERVE_APP,
+                 description=f"Service {w.ns_serve}/{serve_svc} to have a ready endpoint")
+        url = f"http://{serve_svc}.{w.ns_serve}.svc.cluster.local:{SERVE_PORT}/"
+        load_pod = start_load(lab, w.ns_serve, url, timeouts.OPERATOR_UPGRADE.seconds + timeouts.TRAINING_RUN.seconds)
+        lab.create_ray(w.ns_train, "rayjobs", training_rayjob(lab, w.ns_train, w.job_name, steps=STEPS,
+                                                              step_time_s=STEP_TIME_S))
+        log = DriverLog(lab, w.ns_train, w.job_name)
+        wait_for(lambda: step_numbers(log, refresh=True), lambda steps: len(steps) >= STEPS_BEFORE,
+                 timeout=timeouts.TRAINING_RUN, interval=2,
+                 description=f"the training RayJob {w.ns_train}/{w.job_name} to take {STEPS_BEFORE} steps")
+        wait_for(lambda: load_seconds(lab, w.ns_serve, load_pod), lambda secs: sum(s["ok"] for s in secs) >= 20,
+                 timeout=timeouts.POD_START, interval=2,
+                 description=f"the load generator {load_pod} to see 20 answers from {url}")
+    return log, load_pod
+
+
+def record_before(lab: Any, evidence: Any, w: Workloads) -> dict[str, Any]:
+    """Record the workloads' Ray objects, pods and uids before the upgrade; what was recorded."""
+    before = {"rayservice": ray_object(lab, w.ns_serve, "rayservices", w.service_name),
+              "serving_rayclusters": raycluster_uids(lab, w.ns_serve), "serving_pods": lab.pod_restarts(w.ns_serve),
+              "rayjob": ray_object(lab, w.ns_train, "rayjobs", w.job_name),
+              "pods": lab.pod_restarts(w.ns_train),
+              # The training's RayJob and RayClusters, and the RayService, by uid.
+              "workload": workload_uids(lab, w.ns_train, w.job_name, w.ns_serve, w.service_name)}
+    evidence.record("before", before)
+    return before
+
+
+def upgrade_operator(lab: Any, target: Any, evidence: Any, w: Workloads, version: str, before: dict[str, Any],
+                     log: DriverLog) -> UpgradeRun:
+    """Upgrade: the target upgrades the KubeRay operator to ``version`` (an UpgradeFailed kept, judged after
+    what it did to the workloads); fail unless the workloads' objects were kept and the upgrade completed."""
+    with evidence.phase("upgrade"):
+        began = time.time()
+        steps_at_start = len(step_numbers(log))
+        try:
+            upgrade = target.upgrade_kuberay(
+                version, progress=lambda m: print(f"rayproof: {m}", file=sys.stderr, flush=True))
+        except UpgradeFailed as exc:  # judged below, after what it did to the workloads
+            upgrade = {"failed": str(exc)}
+        evidence.record("upgrade", upgrade)
+        kept(before["workload"], evidence.record("workload_after_upgrade", workload_uids(
+            lab, w.ns_train, w.job_name, w.ns_serve, w.service_name)), "right after the operator upgrade")
+        assert "failed" not in upgrade, f"the KubeRay operator upgrade did not complete: {upgrade.get('failed')}"
+        ready_at = upgrade["operator_ready_at"]
+    return UpgradeRun(began=began, steps_at_start=steps_at_start, upgrade=upgrade, ready_at=ready_at)
+
+
+def wait_tail(lab: Any, evidence: Any, w: Workloads, log: DriverLog, load_pod: str, version: str,
+              run: UpgradeRun) -> tuple[float, list[dict[str, Any]]]:
+    """Tail: the training stepping and the load generator's log running TAIL_S past the new operator's
+    readiness; the window's end and the load generator's seconds."""
+    with evidence.phase("tail"):
+        window_end = run.ready_at + TAIL_S
+        wait_for(lambda: step_numbers(log, refresh=True),
+                 lambda steps: len(steps) >= run.steps_at_start + STEPS_AFTER
+                 and log.events("step")[-1].get("ts", 0) >= window_end,
+                 timeout=timeouts.TRAINING_RUN, interval=2,
+                 description=f"the training to take {STEPS_AFTER} steps under the KubeRay operator {version}, "
+                             f"the last {TAIL_S:g} s after it was ready")
+        seconds = wait_for(lambda: load_seconds(lab, w.ns_serve, load_pod),
+                           lambda secs: bool(secs) and secs[-1]["window_start"] >= window_end + REQUEST_TIMEOUT_S,
+                           timeout=timeouts.CONTAINER_TRANSITION, interval=2,
+                           description="the load generator's log to cover the upgrade and its tail")
+    return window_end, seconds
+
+
+def record_after_tail(lab: Any, target: Any, evidence: Any, w: Workloads,
+                      before: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Fail unless the workloads' objects were still kept after the tail; record the workloads' Ray objects
+    and pods then, and the operator's version; what was recorded of the workloads, and that version."""
+    workload_after = evidence.record("workload_after_tail", workload_uids(lab, w.ns_train, w.job_name, w.ns_serve,
+                                                                          w.service_name))
+    kept(before["workload"], workload_after, f"{TAIL_S:g} s after the operator upgrade")
+    after = {"rayservice": ray_object(lab, w.ns_serve, "rayservices", w.service_name),
+             "serving_rayclusters": raycluster_uids(lab, w.ns_serve), "serving_pods": lab.pod_restarts(w.ns_serve),
+             "serving": service_sample(lab, w.ns_serve, w.service_name),
+             "rayjob": ray_object(lab, w.ns_train, "rayjobs", w.job_name),
+             "pods": lab.pod_restarts(w.ns_train)}
+    evidence.record("after", after)
+    operator_after = evidence.record("operator_after", target.describe()["versions"].get("kuberay"))
+    return after, operator_after
+
+
+def record_figures(evidence: Any, log: DriverLog, run: UpgradeRun, seconds: list[dict[str, Any]], window_end: float,
+                   before: dict[str, Any], after: dict[str, Any]) -> tuple[dict[str, Any], list[int], list[dict[str, Any]]]:
+    """Record the serving's availability during the upgrade and the upgrade's figures; that availability,
+    the training's step numbers and its worker group starts."""
+    began, upgrade, ready_at = run.began, run.upgrade, run.ready_at
+    window = evidence.record("availability_during_upgrade", load_window(seconds, began, window_end))
+    steps = step_numbers(log)
+    starts = log.events("worker_group_started")
+    evidence.record("figures", {
+        "upgrade_s": round(ready_at - began, 1),
+        "operator_down_s": round(ready_at - upgrade["operator_stopped_at"], 1) if "operator_stopped_at" in upgrade else None,
+        "requests_during_upgrade": window["sent"], "failed_requests": window["failed"],
+        "steps_before_upgrade": run.steps_at_start, "steps_total": len(steps), "worker_group_starts": len(starts),
+        # Evidence, not judged: a new operator may roll a RayService onto a new
+        # cluster (zero-downtime upgrade); the requests above are what count.
+        "serving_cluster_replaced": after["serving_rayclusters"] != before["serving_rayclusters"],
+    })
+    return window, steps, starts
+
+
+def judge_operator_and_serving(version: str, before_version: Any, operator_after: Any, window: dict[str, Any],
+                               began: float, window_end: float) -> None:
+    """Fail unless the operator runs ``version`` and the RayService, under the load expected, failed no
+    request during the upgrade and its tail."""
+    assert operator_after == version, f"after the upgrade the KubeRay operator runs {operator_after}, not {version}"
+    assert window["sent"] >= LOAD_RATE * (window_end - began) * 0.5, (
+        f"the load generator sent only {window['sent']} requests in the {window_end - began:.0f} s of the upgrade "
+        f"(expected about {LOAD_RATE:g}/s): the measurement does not cover it")
+    assert window["failed"] == 0, (
+        f"the RayService failed {window['failed']} of {window['sent']} requests while the KubeRay operator was "
+        f"upgraded {before_version} -> {version} (failing seconds {window['failing_seconds']})")
+
+
+def judge_training_uninterrupted(before: dict[str, Any], after: dict[str, Any], steps: list[int],
+                                 starts: list[dict[str, Any]]) -> None:
+    """Fail unless the training's pods were neither restarted nor removed, its worker group started once,
+    every step ran once in order, and its RayJob is still running."""
+    changed = {n: (p, after["pods"].get(n)) for n, p in before["pods"].items() if n in after["pods"]
+               and (p["uid"], p["restarts"]) != (after["pods"][n]["uid"], after["pods"][n]["restarts"])}
+    gone = sorted(n for n, p in before["pods"].items() if n not in after["pods"] and p["phase"] == "Running")
+    assert not changed and not gone, (
+        f"pods of the running training were restarted {changed} or removed {gone} by the operator upgrade")
+    assert len(starts) == 1 and steps == list(range(steps[0], steps[0] + len(steps))), (
+        f"the training did not go on uninterrupted: its worker group started {len(starts)} times, steps "
+        f"{steps[:3]}...{steps[-3:]} ({len(steps)} step events)")
+    assert after["rayjob"]["status"].get("jobStatus") == "RUNNING", (
+        f"the training RayJob is no longer running under the upgraded operator: {after['rayjob']['status']}")
+
+
 @pytest.mark.clause("UPG-1")
 @pytest.mark.cluster_gangs(2)  # the training's gang and the RayService's cluster
 def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, evidence) -> None:
@@ -131,97 +294,18 @@ def test_operator_upgrade_keeps_serving_and_training(upgrade_to, lab, target, ev
     # The tenant's first namespace asks for its quota: the training's gang.
     ns_train, ns_serve = lab.namespace("a", gpus=gang_gpus(lab)), lab.namespace("b")
     service_name, job_name = lab.name("upg1-serve"), lab.name("upg1-train")
+    w = Workloads(ns_train=ns_train, job_name=job_name, ns_serve=ns_serve, service_name=service_name)
     with evidence.phase("steady state"):
         lab.create_ray(ns_serve, "rayservices", lab.rayservice(ns_serve, service_name, serve_config(1), workers=1))
     with deleted_first(lab, ns_serve, "rayservices", service_name):
-        with evidence.phase("steady state"):
-            wait_for(lambda: service_sample(lab, ns_serve, service_name), lambda s: s["cluster"] and apps_running(s),
-                     timeout=SERVICE_UP, interval=2, description=f"RayService {ns_serve}/{service_name} apps RUNNING")
-            serve_svc = f"{service_name}-serve-svc"
-            wait_for(lambda: serve_endpoints(lab, ns_serve, serve_svc), timeout=timeouts.SERVE_APP,
-                     description=f"Service {ns_serve}/{serve_svc} to have a ready endpoint")
-            url = f"http://{serve_svc}.{ns_serve}.svc.cluster.local:{SERVE_PORT}/"
-            load_pod = start_load(lab, ns_serve, url, timeouts.OPERATOR_UPGRADE.seconds + timeouts.TRAINING_RUN.seconds)
-            lab.create_ray(ns_train, "rayjobs", training_rayjob(lab, ns_train, job_name, steps=STEPS,
-                                                                step_time_s=STEP_TIME_S))
-            log = DriverLog(lab, ns_train, job_name)
-            wait_for(lambda: step_numbers(log, refresh=True), lambda steps: len(steps) >= STEPS_BEFORE,
-                     timeout=timeouts.TRAINING_RUN, interval=2,
-                     description=f"the training RayJob {ns_train}/{job_name} to take {STEPS_BEFORE} steps")
-            wait_for(lambda: load_seconds(lab, ns_serve, load_pod), lambda secs: sum(s["ok"] for s in secs) >= 20,
-                     timeout=timeouts.POD_START, interval=2,
-                     description=f"the load generator {load_pod} to see 20 answers from {url}")
-        before = {"rayservice": ray_object(lab, ns_serve, "rayservices", service_name),
-                  "serving_rayclusters": raycluster_uids(lab, ns_serve), "serving_pods": lab.pod_restarts(ns_serve),
-                  "rayjob": ray_object(lab, ns_train, "rayjobs", job_name),
-                  "pods": lab.pod_restarts(ns_train),
-                  # The training's RayJob and RayClusters, and the RayService, by uid.
-                  "workload": workload_uids(lab, ns_train, job_name, ns_serve, service_name)}
-        evidence.record("before", before)
-        with evidence.phase("upgrade"):
-            began = time.time()
-            steps_at_start = len(step_numbers(log))
-            try:
-                upgrade = target.upgrade_kuberay(
-                    version, progress=lambda m: print(f"rayproof: {m}", file=sys.stderr, flush=True))
-            except UpgradeFailed as exc:  # judged below, after what it did to the workloads
-                upgrade = {"failed": str(exc)}
-            evidence.record("upgrade", upgrade)
-            kept(before["workload"], evidence.record("workload_after_upgrade", workload_uids(
-                lab, ns_train, job_name, ns_serve, service_name)), "right after the operator upgrade")
-            assert "failed" not in upgrade, f"the KubeRay operator upgrade did not complete: {upgrade.get('failed')}"
-            ready_at = upgrade["operator_ready_at"]
-        with evidence.phase("tail"):
-            window_end = ready_at + TAIL_S
-            wait_for(lambda: step_numbers(log, refresh=True),
-                     lambda steps: len(steps) >= steps_at_start + STEPS_AFTER
-                     and log.events("step")[-1].get("ts", 0) >= window_end,
-                     timeout=timeouts.TRAINING_RUN, interval=2,
-                     description=f"the training to take {STEPS_AFTER} steps under the KubeRay operator {version}, "
-                                 f"the last {TAIL_S:g} s after it was ready")
-            seconds = wait_for(lambda: load_seconds(lab, ns_serve, load_pod),
-                               lambda secs: bool(secs) and secs[-1]["window_start"] >= window_end + REQUEST_TIMEOUT_S,
-                               timeout=timeouts.CONTAINER_TRANSITION, interval=2,
-                               description="the load generator's log to cover the upgrade and its tail")
-        workload_after = evidence.record("workload_after_tail", workload_uids(lab, ns_train, job_name, ns_serve,
-                                                                              service_name))
-        kept(before["workload"], workload_after, f"{TAIL_S:g} s after the operator upgrade")
-        after = {"rayservice": ray_object(lab, ns_serve, "rayservices", service_name),
-                 "serving_rayclusters": raycluster_uids(lab, ns_serve), "serving_pods": lab.pod_restarts(ns_serve),
-                 "serving": service_sample(lab, ns_serve, service_name),
-                 "rayjob": ray_object(lab, ns_train, "rayjobs", job_name),
-                 "pods": lab.pod_restarts(ns_train)}
-        evidence.record("after", after)
-        operator_after = evidence.record("operator_after", target.describe()["versions"].get("kuberay"))
+        log, load_pod = start_load_and_training(lab, evidence, w)
+        before = record_before(lab, evidence, w)
+        run = upgrade_operator(lab, target, evidence, w, version, before, log)
+        window_end, seconds = wait_tail(lab, evidence, w, log, load_pod, version, run)
+        after, operator_after = record_after_tail(lab, target, evidence, w, before)
         with evidence.phase("a change after the upgrade"):
             evidence.record("change_after_upgrade", a_teams_next_change(lab, ns_serve, service_name))
 
-    window = evidence.record("availability_during_upgrade", load_window(seconds, began, window_end))
-    steps = step_numbers(log)
-    starts = log.events("worker_group_started")
-    evidence.record("figures", {
-        "upgrade_s": round(ready_at - began, 1),
-        "operator_down_s": round(ready_at - upgrade["operator_stopped_at"], 1) if "operator_stopped_at" in upgrade else None,
-        "requests_during_upgrade": window["sent"], "failed_requests": window["failed"],
-        "steps_before_upgrade": steps_at_start, "steps_total": len(steps), "worker_group_starts": len(starts),
-        # Evidence, not judged: a new operator may roll a RayService onto a new
-        # cluster (zero-downtime upgrade); the requests above are what count.
-        "serving_cluster_replaced": after["serving_rayclusters"] != before["serving_rayclusters"],
-    })
-    assert operator_after == version, f"after the upgrade the KubeRay operator runs {operator_after}, not {version}"
-    assert window["sent"] >= LOAD_RATE * (window_end - began) * 0.5, (
-        f"the load generator sent only {window['sent']} requests in the {window_end - began:.0f} s of the upgrade "
-        f"(expected about {LOAD_RATE:g}/s): the measurement does not cover it")
-    assert window["failed"] == 0, (
-        f"the RayService failed {window['failed']} of {window['sent']} requests while the KubeRay operator was "
-        f"upgraded {before_version} -> {version} (failing seconds {window['failing_seconds']})")
-    changed = {n: (p, after["pods"].get(n)) for n, p in before["pods"].items() if n in after["pods"]
-               and (p["uid"], p["restarts"]) != (after["pods"][n]["uid"], after["pods"][n]["restarts"])}
-    gone = sorted(n for n, p in before["pods"].items() if n not in after["pods"] and p["phase"] == "Running")
-    assert not changed and not gone, (
-        f"pods of the running training were restarted {changed} or removed {gone} by the operator upgrade")
-    assert len(starts) == 1 and steps == list(range(steps[0], steps[0] + len(steps))), (
-        f"the training did not go on uninterrupted: its worker group started {len(starts)} times, steps "
-        f"{steps[:3]}...{steps[-3:]} ({len(steps)} step events)")
-    assert after["rayjob"]["status"].get("jobStatus") == "RUNNING", (
-        f"the training RayJob is no longer running under the upgraded operator: {after['rayjob']['status']}")
+    window, steps, starts = record_figures(evidence, log, run, seconds, window_end, before, after)
+    judge_operator_and_serving(version, before_version, operator_after, window, run.began, window_end)
+    judge_training_uninterrupted(before, after, steps, starts)
