@@ -98,7 +98,7 @@ def files_digest() -> str:
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     files = sorted(p for p in here.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml"))
-    for path in [*files, access.SHIPPED_ROLE, access.SHIPPED_PRIORITY_CLASS]:  # and what up() applies of clusters/rbac
+    for path in [*files, access.SHIPPED_ROLE, access.SHIPPED_PRIORITY_CLASS, access.SHIPPED_GUARD]:  # and clusters/rbac
         h.update(f"{path.relative_to(here.parents[1])}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
