@@ -98,9 +98,10 @@ def read_status(kubeconfig: str, namespace: str, name: str, context: str = "") -
 
 
 def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: str, within_s: float,
-                       reason: str = "", context: str = "") -> dict[str, Any]:
+                       reason: str | tuple[str, ...] = "", context: str = "") -> dict[str, Any]:
     """Wait until the Kueue Workload of ``rayjob`` has ``condition`` True (with
-    ``reason`` when given); returns ``{"reached", "elapsed_s", "conditions"}``."""
+    ``reason``, or one of them, when given); returns ``{"reached", "elapsed_s", "conditions"}``."""
+    reasons = (reason,) if isinstance(reason, str) else reason
     began = time.monotonic()
     tier = Tier(f"workload_{condition.lower()}", float(within_s), f"Workload {condition}")
 
@@ -109,11 +110,12 @@ def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: 
                 for c in (w.get("status") or {}).get("conditions") or []]
 
     def done(conds: list[dict[str, Any]]) -> bool:
-        return any(c["type"] == condition and c["status"] == "True" and (not reason or c.get("reason") == reason)
+        return any(c["type"] == condition and c["status"] == "True" and (not any(reasons) or c.get("reason") in reasons)
                    for c in conds)
     try:
         conds = wait_for(observe, done, timeout=tier, interval=1,
-                         description=f"Workload of RayJob {namespace}/{rayjob} to have {condition} {reason}".strip())
+                         description=f"Workload of RayJob {namespace}/{rayjob} to have {condition} "
+                                     f"{' or '.join(r for r in reasons if r)}".strip())
         reached = True
     except WaitTimeout as exc:
         conds, reached = exc.last_value if isinstance(exc.last_value, list) else [], False

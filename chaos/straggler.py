@@ -28,6 +28,11 @@ SLOW_PULL_CONTAINER = "slow-pull"  # the straggler's first init container
 SLOW_PULL_FIELD_PATH = f"spec.initContainers{{{SLOW_PULL_CONTAINER}}}"
 
 
+# The reasons of a Workload's Evicted condition at its waitForPodsReady timeout:
+# requeued (PodsReadyTimeout), or deactivated instead once its requeues reach
+# requeuingStrategy.backoffLimitCount (Kueue then gives the deactivation's reason).
+EVICTED_AT_PODS_READY_TIMEOUT = ("PodsReadyTimeout", "DeactivatedDueToRequeuingLimitExceeded")
+
 def slow_pull_container(image: str, delay_s: float, slow_image: str = "") -> dict[str, Any]:
     """An init container that holds its pod ``delay_s`` seconds: the pull of
     ``slow_image`` (a reference with ``{seconds}`` and ``{nonce}``), or
@@ -78,15 +83,15 @@ def observe(kubeconfig: str, namespace: str, name: str, wait_for: str, within_s:
             context: str = "") -> dict[str, Any]:
     """Wait for the outcome: ``finished`` (the RayJob ended), ``finished_or_evicted``
     (that, or its Workload was evicted first) or ``requeued`` (its Workload was
-    evicted for PodsReadyTimeout and then requeued)."""
+    evicted at its PodsReady timeout and then requeued)."""
     from chaos import rayjob
 
     if wait_for in ("finished", "finished_or_evicted"):
         return rayjob.wait_state(kubeconfig, namespace, name, "finished", within_s, context=context,
                                  unless_evicted=wait_for == "finished_or_evicted")
     if wait_for == "requeued":
-        evicted = rayjob.workload_condition(kubeconfig, namespace, name, "Evicted", within_s, reason="PodsReadyTimeout",
-                                            context=context)
+        evicted = rayjob.workload_condition(kubeconfig, namespace, name, "Evicted", within_s,
+                                            reason=EVICTED_AT_PODS_READY_TIMEOUT, context=context)
         requeued = rayjob.workload_condition(kubeconfig, namespace, name, "Requeued", within_s, context=context) \
             if evicted["reached"] else {"reached": False, "elapsed_s": 0, "conditions": []}
         return {"evicted": evicted, "requeued": requeued}

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from chaos import runner, straggler
+from chaos.straggler import EVICTED_AT_PODS_READY_TIMEOUT
 from conformance.admission.sampling import FINISHED, Sampler, compact, condition_at, condition_t, epoch, gang_of, gang_violations
 from conformance.training_jobs import gang_gpus, training_rayjob
 from core import kueue, timeouts
@@ -251,7 +252,7 @@ def measure_stuck_gang(samples: list[dict[str, Any]], name: str, outcome: dict[s
     """The stuck gang's admission, eviction, pods gone, quota released and requeue, read from the samples (the
     requeue from the experiment's own probe where no sample caught it)."""
     admitted = first_sample(samples, name, lambda s, j: j["admitted"])
-    evicted_at = condition_at(samples, name, "Evicted", reason="PodsReadyTimeout")
+    evicted_at = condition_at(samples, name, "Evicted", reason=EVICTED_AT_PODS_READY_TIMEOUT)
     evicted, first_pods, gone = evicted_gang(samples, name)
     released = evicted and first_sample(samples[samples.index(evicted):], name,
                                         lambda s, j: not j["quota"] and not s["cq"]["reserved_gpus"]
@@ -285,7 +286,8 @@ def record_stuck_gang_figures(evidence: Any, samples: list[dict[str, Any]], name
         return None if t is None or admitted_t is None else round(t - admitted_t, 1)
 
     figures = evidence.record("figures", {
-        "evicted_after_admission_s": since_admission(condition_t(samples, name, "Evicted", reason="PodsReadyTimeout")),
+        "evicted_after_admission_s": since_admission(condition_t(samples, name, "Evicted",
+                                                                 reason=EVICTED_AT_PODS_READY_TIMEOUT)),
         "pods_gone_after_admission_s": since_admission(gone and gone["t"]),
         "quota_released_after_admission_s": since_admission(released and released["t"]),
         "requeued_after_eviction_s": None if None in (requeued_at, evicted_at) else round(requeued_at - evicted_at, 1),
@@ -312,14 +314,14 @@ def record_held_quota_cost(lab: Any, evidence: Any, gang: int, figures: dict[str
 def judge_eviction_and_requeue(name: str, job: dict[str, Any], sampler: Sampler, samples: list[dict[str, Any]],
                                outcome: dict[str, Any], bounds: EvictionBounds, stuck: StuckGang,
                                figures: dict[str, Any]) -> None:
-    """ADM-4's verdict: admitted, evicted for PodsReadyTimeout, pods gone and quota released within the bound,
+    """ADM-4's verdict: admitted, evicted at its PodsReady timeout, pods gone and quota released within the bound,
     requeued after the promised back-off, and never a driver or a training step with a partial world."""
     timeout_s, backoff_s, bound, backoff_bound = bounds.timeout_s, bounds.backoff_s, bounds.bound, bounds.backoff_bound
     admitted, admitted_t, evicted_at, first_pods = stuck.admitted, stuck.admitted_t, stuck.evicted_at, stuck.first_pods
     gone, released, requeued_at, requeues = stuck.gone, stuck.released, stuck.requeued_at, stuck.requeues
     assert admitted and admitted_t is not None, f"the Workload of {name} was never seen admitted (samples: {len(samples)})"
     assert outcome["evicted"]["reached"] and evicted_at and figures["evicted_after_admission_s"] is not None, (
-        f"the Workload of {name} was not evicted for PodsReadyTimeout within {bound:g} s of submission; "
+        f"the Workload of {name} was not evicted at its PodsReady timeout within {bound:g} s of submission; "
         f"its conditions: {outcome['evicted']['conditions']}")
     assert figures["evicted_after_admission_s"] <= bound, (
         f"evicted {figures['evicted_after_admission_s']} s after admission, beyond waitForPodsReady "  # platform-owned-ok
