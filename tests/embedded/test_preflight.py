@@ -313,6 +313,11 @@ def test_the_certifier_may_write_only_in_namespaces_its_runs_made(target, kube_a
     binding = {"metadata": {"name": access.RUN_ROLE_NAME},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": access.RUN_ROLE_NAME},
                "subjects": [access.subject(kube_api)]}
+    pod = {"metadata": {"name": "reads-a-secret"}, "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                                                           "volumes": [{"name": "s", "secret": {"secretName": "x"}}]}}
+    with pytest.raises(client.ApiException) as refused_pod:  # RBAC refuses it before admission sees it
+        core.create_namespaced_pod(OUTSIDE, pod, dry_run="All")
+    assert refused_pod.value.status == 403, refused_pod.value.body
     refused = {
         "binding the run's role in kube-system": lambda: rbac.create_namespaced_role_binding(
             OUTSIDE, binding, dry_run="All"),
