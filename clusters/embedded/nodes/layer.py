@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from clusters.embedded import build
 from clusters.embedded.nodes import images as images_mod
 from clusters.embedded.nodes import rayimage, registry, relay, sharedlayers
 from clusters.embedded.nodes.fabric import OutsideNet
+from clusters.embedded.nodes.host import NodeHost
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs, machine_capacity, system_reserved
 from clusters.embedded.podnet import ROUTER_IP
 from clusters.embedded.profile import NODE_NAME_PREFIX
 from core import timeouts
 from core.waiting import wait_for
-
-if TYPE_CHECKING:
-    from clusters.embedded.platform import EmbeddedPlatform
 
 NAME_PREFIX = NODE_NAME_PREFIX
 # The programs each node runs, in start order, as its platform processes are
@@ -47,7 +45,7 @@ PER_NODE_KINDS = ("containerd", "oom-group", "kubelet", "kube-proxy", "fakegpu")
 POLICY_ENGINE_KIND = "kube-router"
 
 
-def nodes_of(platform: "EmbeddedPlatform") -> list[Node]:
+def nodes_of(platform: NodeHost) -> list[Node]:
     bin_dir = Path(platform.binaries()["kubelet"]).parent
     return [Node(platform.name, i, f"{NAME_PREFIX}-{i}", platform.run_dir / "nodes" / f"n{i}", bin_dir)
             for i in range(1, platform.profile.node_count + 1)]
@@ -77,7 +75,7 @@ def _wait_answering(port: int, what: str) -> str:
     return base
 
 
-def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list, progress) -> int:
+def _start_registry(platform: NodeHost, binaries: dict, layouts: list, progress) -> int:
     """The registry on a free loopback port, the node images pushed to it (the Ray image built
     first if the registry lacks it); returns its port."""
     from clusters.embedded.controlplane import free_ports
@@ -99,7 +97,7 @@ def _start_registry(platform: "EmbeddedPlatform", binaries: dict, layouts: list,
     return port
 
 
-def _start_slow_path(platform: "EmbeddedPlatform", layouts: list, python_env: dict[str, str]) -> int:
+def _start_slow_path(platform: NodeHost, layouts: list, python_env: dict[str, str]) -> int:
     """The registry's slow path on a free loopback port, extending the shell image; returns its port."""
     import sys
 
@@ -113,7 +111,7 @@ def _start_slow_path(platform: "EmbeddedPlatform", layouts: list, python_env: di
     return port
 
 
-def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_env: dict[str, str]) -> None:
+def start(platform: NodeHost, progress: Callable[[str], None], python_env: dict[str, str]) -> None:
     import sys
 
     from clusters.embedded.controlplane import write_kubeconfig
@@ -182,13 +180,13 @@ def start(platform: "EmbeddedPlatform", progress: Callable[[str], None], python_
     progress(f"platform {platform.name}: {len(nodes)} kubelet nodes started (containerd, runc); waiting for Ready")
 
 
-def containerd_pids(platform: "EmbeddedPlatform") -> dict[str, int]:
+def containerd_pids(platform: NodeHost) -> dict[str, int]:
     """``{node name: PID of its containerd}``."""
     pids = {rec.name: rec.pid for rec in platform.supervisor.records()}
     return {node.name: pids[f"containerd-{node.index}"] for node in nodes_of(platform)}
 
 
-def share_image_layers(platform: "EmbeddedPlatform", only: str | None = None) -> sharedlayers.Shared:
+def share_image_layers(platform: NodeHost, only: str | None = None) -> sharedlayers.Shared:
     """The image layers that several nodes unpacked, held once on the machine (``sharedlayers.py``): every
     later node's, or node ``only``'s alone."""
     return sharedlayers.share(nodes_of(platform), containerd_pids(platform), only=only)

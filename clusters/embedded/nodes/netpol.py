@@ -33,18 +33,16 @@ connection's initiator sends through the router (``podnet run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
+from clusters.embedded.nodes.host import NodeHost
 from clusters.embedded.nodes.layer import POLICY_ENGINE_KIND
 from clusters.embedded.nodes.node import Node, env_for, in_node_exec_argvs
 from clusters.embedded.podnet import _host
 from core import timeouts
 from core.waiting import wait_for
-
-if TYPE_CHECKING:
-    from clusters.embedded.platform import EmbeddedPlatform
 
 RBAC = Path(__file__).with_name("kube-router-rbac.yaml")
 USER = "kube-router"  # the identity of its client certificate, bound to RBAC's ClusterRole
@@ -84,7 +82,7 @@ def in_force(node: Node) -> str:
     return ""
 
 
-def start(platform: "EmbeddedPlatform", nodes: Sequence[Node], progress: Callable[[str], None]) -> None:
+def start(platform: NodeHost, nodes: Sequence[Node], progress: Callable[[str], None]) -> None:
     """Start one kube-router per node (the nodes are registered), and wait until each has
     written its chains."""
     from clusters.embedded.controlplane import write_kubeconfig
