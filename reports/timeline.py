@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from core.figures import eviction_figures, head_oom_figures, phase_windows
+
 
 @dataclass
 class Timeline:
@@ -34,18 +36,9 @@ class Timeline:
     unit: str = ""
 
 
-def _get(evidence: dict[str, Any], dotted: str) -> Any:
-    value: Any = evidence
-    for key in dotted.split("."):
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return value
-
-
-def _marks(evidence: dict[str, Any], named: list[tuple[str, str]]) -> list[tuple[str, float]]:
-    return [(label, float(_get(evidence, key))) for label, key in named
-            if isinstance(_get(evidence, key), (int, float))]
+def _marks(named: list[tuple[str, object]]) -> list[tuple[str, float]]:
+    """The (label, figure) pairs whose figure was measured (a number)."""
+    return [(label, float(value)) for label, value in named if isinstance(value, (int, float))]
 
 
 def _series(evidence: dict[str, Any], key: str, column: int) -> list[tuple[float, float]]:
@@ -58,13 +51,15 @@ def _series(evidence: dict[str, Any], key: str, column: int) -> list[tuple[float
 
 
 def _gcs1(evidence: dict[str, Any]) -> Timeline:
-    marks = _marks(evidence, [("head OOM-killed", "figures.inject_to_oom_s"),
-                              ("Ray nodes back", "figures.inject_to_nodes_back_s"),
-                              ("head Ready again", "figures.inject_to_head_ready_s"),
-                              ("Serve apps RUNNING", "figures.inject_to_apps_running_s")])
+    figures = head_oom_figures(evidence)
+    marks = _marks([("head OOM-killed", figures.get("inject_to_oom_s")),
+                    ("Ray nodes back", figures.get("inject_to_nodes_back_s")),
+                    ("head Ready again", figures.get("inject_to_head_ready_s")),
+                    ("Serve apps RUNNING", figures.get("inject_to_apps_running_s"))])
     phases, start = [], 0.0
+    windows = phase_windows(evidence)
     for name in ("inject_to_oom", "oom_to_head_ready", "head_ready_to_recovered", "tail"):
-        phase = _get(evidence, f"availability_by_phase.{name}") or {}
+        phase = windows.get(name) or {}
         if isinstance(phase.get("seconds"), (int, float)) and isinstance(phase.get("availability"), (int, float)):
             phases.append((name.replace("_", " "), start, start + phase["seconds"], phase["availability"]))
             start += phase["seconds"]
@@ -76,8 +71,8 @@ def _gcs1(evidence: dict[str, Any]) -> Timeline:
 def _trn1(evidence: dict[str, Any]) -> Timeline:
     bound = evidence.get("promised_fail_fast_bound_s")
     return Timeline("TRN-1", "worker pod deleted mid-all-reduce",
-                    _marks(evidence, [("worker group restarted", "kill_to_worker_group_restart_s"),
-                                      ("training past its last step", "kill_to_progress_s")]),
+                    _marks([("worker group restarted", evidence.get("kill_to_worker_group_restart_s")),
+                            ("training past its last step", evidence.get("kill_to_progress_s"))]),
                     bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None,
                     series=[("training step", _series(evidence, "steps_since_kill", 1)),
                             ("checkpoint saved", _series(evidence, "checkpoints_since_kill", 1))],
@@ -85,11 +80,11 @@ def _trn1(evidence: dict[str, Any]) -> Timeline:
 
 
 def _adm4(evidence: dict[str, Any]) -> Timeline:
-    marks = _marks(evidence, [("evicted (PodsReadyTimeout)", "figures.evicted_after_admission_s"),
-                              ("gang's pods gone", "figures.pods_gone_after_admission_s"),
-                              ("quota released", "figures.quota_released_after_admission_s")])
-    evicted, requeued = (_get(evidence, f"figures.{k}") for k in ("evicted_after_admission_s",
-                                                                  "requeued_after_eviction_s"))
+    figures = eviction_figures(evidence)
+    marks = _marks([("evicted at the PodsReady timeout", figures.get("evicted_after_admission_s")),
+                    ("gang's pods gone", figures.get("pods_gone_after_admission_s")),
+                    ("quota released", figures.get("quota_released_after_admission_s"))])
+    evicted, requeued = figures.get("evicted_after_admission_s"), figures.get("requeued_after_eviction_s")
     if isinstance(evicted, (int, float)) and isinstance(requeued, (int, float)):
         marks.append(("requeued", float(evicted + requeued)))
     bound = evidence.get("bound_s")
@@ -104,7 +99,7 @@ def _adm4(evidence: dict[str, Any]) -> Timeline:
 def _net1(evidence: dict[str, Any]) -> Timeline:
     bound = evidence.get("promised_fail_fast_bound_s")
     return Timeline("NET-1", "process group began to form (collectives blocked)",
-                    _marks(evidence, [("training failed", "failed_after_process_group_setup_s")]),
+                    _marks([("training failed", evidence.get("failed_after_process_group_setup_s"))]),
                     bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None)
 
 

@@ -79,7 +79,7 @@ def test_timelines_are_for_fault_clauses_with_their_figures_measured():
     adm4 = timeline.of({"id": "ADM-4", "evidence": {"bound_s": 180, "figures": {
         "evicted_after_admission_s": 121.5, "pods_gone_after_admission_s": 140.2,
         "quota_released_after_admission_s": 140.9, "requeued_after_eviction_s": 10.4}}})
-    assert adm4.marks == [("evicted (PodsReadyTimeout)", 121.5), ("gang's pods gone", 140.2),
+    assert adm4.marks == [("evicted at the PodsReady timeout", 121.5), ("gang's pods gone", 140.2),
                           ("quota released", 140.9), ("requeued", 131.9)]
     assert adm4.bound == ("waitForPodsReady + slack", 180.0)
     assert timeline.png(adm4).startswith(b"\x89PNG")

@@ -15,6 +15,7 @@ from conformance.admission.sampling import FINISHED, Sampler, compact, condition
 from conformance.training_jobs import gang_gpus, training_rayjob
 from core import kueue, timeouts
 from core.cost import record_idle_cost
+from core.figures import FIGURES, EvictionFigures
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
 from fixtures import manifests as mf
@@ -285,7 +286,7 @@ def record_stuck_gang_figures(evidence: Any, samples: list[dict[str, Any]], name
     def since_admission(t: float | None) -> float | None:
         return None if t is None or admitted_t is None else round(t - admitted_t, 1)
 
-    figures = evidence.record("figures", {
+    figures: EvictionFigures = evidence.record(FIGURES, {
         "evicted_after_admission_s": since_admission(condition_t(samples, name, "Evicted",
                                                                  reason=EVICTED_AT_PODS_READY_TIMEOUT)),
         "pods_gone_after_admission_s": since_admission(gone and gone["t"]),

@@ -30,6 +30,7 @@ from conformance.serving import (
     start_load,
 )
 from core import timeouts
+from core.figures import AVAILABILITY_BY_PHASE, FIGURES, HeadOomFigures
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
 from fixtures import golden
@@ -258,7 +259,7 @@ class Timeline:
         return next((s for s in self.samples if s["t"] >= after and predicate(s)), None)
 
 
-def oom_figures(timeline: Timeline, before: dict[str, Any], submitted_at: float) -> dict[str, Any]:
+def oom_figures(timeline: Timeline, before: dict[str, Any], submitted_at: float) -> HeadOomFigures:
     """When the head was OOM-killed and Ready again, from the sampled timeline."""
     killed = timeline.first(lambda s: (s.get("restarts") or 0) > before["restarts"]
                             and s.get("last_reason") == "OOMKilled")
@@ -436,7 +437,7 @@ def wait_availability_tail(lab, evidence, ns: str, cluster: str, obs: Observers,
 
 
 def record_recovery_figures(evidence, timeline: Timeline, before: dict[str, Any], submitted_at: float,
-                            rec: RayServiceRecovery) -> dict[str, Any]:
+                            rec: RayServiceRecovery) -> HeadOomFigures:
     """Record the head after recovery, the OOM's figures and the app states and RayClusters seen; the figures."""
     apps_at, back = rec.apps_at, rec.back
     figures = oom_figures(timeline, before, submitted_at)
@@ -445,7 +446,7 @@ def record_recovery_figures(evidence, timeline: Timeline, before: dict[str, Any]
     figures["nodes_back_at"] = back["ts"] if back else None
     figures["inject_to_nodes_back_s"] = round(back["ts"] - submitted_at, 1) if back else None
     evidence.record("head_after", rec.head_after)
-    evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
+    evidence.record(FIGURES, {k: v for k, v in figures.items() if k != "oom_sample"})
     seen_apps = sorted({f"{a}={s}" for smp in timeline.samples for a, s in smp["apps"].items()})
     clusters_seen = sorted({smp["cluster"] for smp in timeline.samples if smp.get("cluster")}
                            | {smp["pending_cluster"] for smp in timeline.samples if smp.get("pending_cluster")})
@@ -483,7 +484,7 @@ def record_availability(evidence, seconds: list[dict[str, Any]], figures: dict[s
     evidence.record("availability_per_second", per_second(seconds, submitted_at, window_end))
     oom_at = figures["oom_at"] or submitted_at
     recovered_at = window_end - TAIL_S
-    evidence.record("availability_by_phase", {
+    evidence.record(AVAILABILITY_BY_PHASE, {
         "inject_to_oom": load_window(seconds, submitted_at, oom_at),
         "oom_to_head_ready": load_window(seconds, oom_at, figures["ready_at"] or recovered_at),
         "head_ready_to_recovered": load_window(seconds, figures["ready_at"] or recovered_at, recovered_at),
@@ -764,7 +765,7 @@ def record_teams_after(lab, evidence, tmp_path, ns_a: str, victim: str, ns_b: st
     figures["inject_to_victim_settled_s"] = round(settled_at["t"] - submitted_at, 1) if settled_at else None
     b_progress = progress(b_ticks, submitted_at, window_end)
     evidence.record("head_after", head_after)
-    evidence.record("figures", {k: v for k, v in figures.items() if k != "oom_sample"})
+    evidence.record(FIGURES, {k: v for k, v in figures.items() if k != "oom_sample"})
     evidence.record("victim_rayjob", victim_after)
     evidence.record("victim_states_seen", sorted({f"{s['victim'].get('jobStatus')}/"
                                                   f"{s['victim'].get('jobDeploymentStatus')}"
