@@ -356,7 +356,8 @@ def judge_eviction_and_requeue(name: str, job: dict[str, Any], sampler: Sampler,
 def test_gang_that_never_gets_ready_is_evicted_and_requeued(lab, evidence, tmp_path) -> None:
     """When one worker of an admitted gang can never start (its image cannot be
     pulled), Kueue's waitForPodsReady MUST evict the Workload (Evicted, reason
-    PodsReadyTimeout) and within the profile's waitForPodsReady timeout plus 60 s
+    PodsReadyTimeout, or DeactivatedDueToRequeuingLimitExceeded where Kueue
+    gives up requeuing it) and within the profile's waitForPodsReady timeout plus 60 s
     slack from admission all of the gang's pods MUST be gone and its quota
     released (the ClusterQueue reserves nothing), the Workload MUST be requeued
     after the profile's promised back-off (backoffBase) and no later than the
