@@ -97,11 +97,17 @@ def read_status(kubeconfig: str, namespace: str, name: str, context: str = "") -
     return {k: st.get(k) for k in STATUS_FIELDS}
 
 
+def reason_matches(found: str | None, reason: str | tuple[str, ...] | None) -> bool:
+    """Whether a condition's ``found`` reason is ``reason`` (or one of them); any reason where none is asked."""
+    if not reason:
+        return True
+    return found in ((reason,) if isinstance(reason, str) else reason)
+
+
 def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: str, within_s: float,
                        reason: str | tuple[str, ...] = "", context: str = "") -> dict[str, Any]:
     """Wait until the Kueue Workload of ``rayjob`` has ``condition`` True (with
     ``reason``, or one of them, when given); returns ``{"reached", "elapsed_s", "conditions"}``."""
-    reasons = (reason,) if isinstance(reason, str) else reason
     began = time.monotonic()
     tier = Tier(f"workload_{condition.lower()}", float(within_s), f"Workload {condition}")
 
@@ -110,12 +116,12 @@ def workload_condition(kubeconfig: str, namespace: str, rayjob: str, condition: 
                 for c in (w.get("status") or {}).get("conditions") or []]
 
     def done(conds: list[dict[str, Any]]) -> bool:
-        return any(c["type"] == condition and c["status"] == "True" and (not any(reasons) or c.get("reason") in reasons)
+        return any(c["type"] == condition and c["status"] == "True" and reason_matches(c.get("reason"), reason)
                    for c in conds)
     try:
         conds = wait_for(observe, done, timeout=tier, interval=1,
                          description=f"Workload of RayJob {namespace}/{rayjob} to have {condition} "
-                                     f"{' or '.join(r for r in reasons if r)}".strip())
+                                     f"{reason if isinstance(reason, str) else ' or '.join(reason)}".strip())
         reached = True
     except WaitTimeout as exc:
         conds, reached = exc.last_value if isinstance(exc.last_value, list) else [], False

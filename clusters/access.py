@@ -181,18 +181,23 @@ def run_role_gaps(api: Any) -> list[str]:
             if not granted(verb, group, f"{resource}/{sub}" if sub else resource)]
 
 
-def subject(api: Any) -> dict[str, str]:
-    """This identity as an RBAC subject, from a SelfSubjectReview (a
-    ServiceAccount's username is ``system:serviceaccount:<namespace>:<name>``)."""
+def username(api: Any) -> str:
+    """This identity's username, as the API server knows it (a SelfSubjectReview)."""
     from kubernetes import client
 
     review = client.AuthenticationV1Api(api).create_self_subject_review(
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
-    username = review.status.user_info.username
-    parts = username.split(":")
+    return str(review.status.user_info.username)
+
+
+def subject(api: Any) -> dict[str, str]:
+    """This identity as an RBAC subject (a ServiceAccount's username is
+    ``system:serviceaccount:<namespace>:<name>``)."""
+    name = username(api)
+    parts = name.split(":")
     if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
         return {"kind": "ServiceAccount", "name": parts[3], "namespace": parts[2]}
-    return {"kind": "User", "name": username, "apiGroup": "rbac.authorization.k8s.io"}
+    return {"kind": "User", "name": name, "apiGroup": "rbac.authorization.k8s.io"}
 
 
 def bind_run_role(api: Any, namespace: str, labels: dict[str, str]) -> None:

@@ -159,12 +159,8 @@ def denied_access(api: Any, checks: Sequence[tuple[str, str, str, str, str]]) ->
 
 
 def _whoami(api: Any) -> str:
-    from kubernetes import client
-
     try:
-        review = client.AuthenticationV1Api(api).create_self_subject_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
-        return f"user {review.status.user_info.username!r}"
+        return f"user {access.username(api)!r}"
     except Exception:  # noqa: BLE001 - only for the message
         return "the kubeconfig's identity"
 

@@ -25,6 +25,7 @@ import time
 from datetime import datetime
 from typing import Any, Iterable
 
+from chaos.rayjob import reason_matches
 from core import kueue
 from fixtures import manifests as mf
 from fixtures.kube import condition
@@ -303,16 +304,12 @@ def epoch(stamp: str | None) -> float | None:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
-def _reason_is(found: str, reason: str | tuple[str, ...] | None) -> bool:
-    return reason is None or found == reason or (isinstance(reason, tuple) and found in reason)
-
-
 def condition_at(samples: list[dict[str, Any]], job: str, kind: str, status: str = "True",
                  reason: str | tuple[str, ...] | None = None) -> float | None:
     """The lastTransitionTime (epoch s) of the first sampled ``kind`` condition of ``job`` in ``status``."""
     for s in samples:
         c = s["jobs"].get(job, {}).get("conditions", {}).get(kind)
-        if c and c["status"] == status and _reason_is(c["reason"], reason):
+        if c and c["status"] == status and reason_matches(c["reason"], reason):
             return epoch(c["at"])
     return None
 
@@ -334,7 +331,7 @@ def condition_t(samples: list[dict[str, Any]], job: str, kind: str, status: str 
         if job_now is None:
             continue
         c = job_now.get("conditions", {}).get(kind)
-        if c and c["status"] == status and _reason_is(c["reason"], reason):
+        if c and c["status"] == status and reason_matches(c["reason"], reason):
             at = s["t"] - max(0.0, s["wall"] - epoch(c["at"]))
             return round(at if before is None else max(at, before), 1)
         before = s["t"]

@@ -169,7 +169,7 @@ def evicted_gang(samples: list[dict[str, Any]], name: str) -> EvictedGang:
 @dataclass(frozen=True)
 class EvictionBounds:
     """The profile's waitForPodsReady promises and the bounds ADM-4 judges against."""
-    timeout_s: float  # waitForPodsReady's timeout
+    timeout_s: float  # waitForPodsReady's timeout, as the profile promises it  # platform-owned-ok: read
     backoff_s: float  # its back-off (backoffBase)
     bound: float  # eviction, pods gone and quota released: the timeout plus slack, from admission
     backoff_bound: float  # the requeue after eviction: the back-off plus its own length or the slack
