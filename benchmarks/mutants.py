@@ -19,7 +19,11 @@ platform of its own (``mutplat``), taken down before the next. Progress is
 printed as each row ends, and each row is appended to ``DIR/rows.jsonl``
 (default ``out/mutants-<UTC time>``) with the run's output beside it, so an
 interrupted run (Ctrl-C) keeps its finished rows: the matrix printed then is
-of those, and the platform is taken down. It exits 0 when every row was
+of those, and the platform is taken down. ``--resume DIR`` goes on with such
+a run: it keeps the rows measured with this suite (every file a verdict
+depends on, digested) and this version of their entry, and runs the rest,
+so the whole catalogue (hours on two cores) can be measured in parts and
+still be one matrix of one suite. It exits 0 when every row was
 killed, 1 otherwise, 2 on bad input, 130 interrupted. It asserts nothing
 about time; the time each row took is printed.
 """
@@ -29,6 +33,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import os
 import subprocess
@@ -42,15 +47,23 @@ import yaml
 
 from benchmarks import machine
 from clusters.embedded import build
-from clusters.embedded.mutations import TEMPLATE_FILES, CatalogueError, Mutation, load
+from clusters.embedded.mutations import CATALOGUE, TEMPLATE_FILES, CatalogueError, Mutation, load
 from core import processes, timeouts
 from core.catalogue import CLAUSES_AT_ONCE, UPGRADE_CLAUSE, clause_tests
 from core.schema import merged
 from core.timeouts import Tier
 
 REPO = Path(__file__).resolve().parents[1]
+INTERRUPTED_EXIT = 2  # pytest.ExitCode.INTERRUPTED: a Ctrl-C, not a verdict
 BASE_PLATFORM, OWN_PLATFORM = "mutbase", "mutplat"  # neither name a prefix of the other's resources
 KILLED, OTHER_CAUSE, SURVIVED = "killed", "other cause", "survived"
+ROWS = "rows.jsonl"
+# Everything a row's verdict depends on besides its entry: the clauses, the
+# faults, the plugin, the workloads, the core, the reference platform (its
+# golden templates and onboarding classes included) and this benchmark.
+SUITE_PARTS = ("conformance", "chaos", "fixtures", "workloads", "core", "clusters", "benchmarks/mutants.py",
+               "pyproject.toml")
+SUITE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".json", ".sh", ".go", ".mod", ".sum")
 
 # How long a nested clause run may take to reach its fault. On two cores,
 # beside the clauses on the session's platform and the runtime tier, the gang
@@ -67,6 +80,48 @@ CLAUSE_RUN = Tier("selftest_clause_run", NESTED_TRAINING_RUN_S + 600 + timeouts.
                   "one clause run in a subprocess")
 
 
+def suite_digest(repo: Path = REPO) -> str:
+    """SHA-256 over the files of :data:`SUITE_PARTS` but the catalogue
+    (whose entries are digested one by one, see ``Mutation.digest``)."""
+    h = hashlib.sha256()
+    for part in SUITE_PARTS:
+        root = repo / part
+        files = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*") if p.is_file() and p.suffix in SUITE_SUFFIXES and "__pycache__" not in p.parts)
+        for path in files:
+            if path.relative_to(repo) == CATALOGUE.relative_to(REPO):
+                continue
+            h.update(f"{path.relative_to(repo)}\0".encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def resumed_rows(out: Path, suite: str, entries: dict[str, Mutation],
+                 chosen: set[tuple[str, str]]) -> tuple[list[dict[str, Any]], int]:
+    """The rows of ``out/rows.jsonl`` that still count (this ``suite``, the
+    entry's present version, a chosen row, not interrupted; the last of a
+    row measured twice) and how many were dropped. The file is rewritten to
+    those rows, the old one kept beside it as ``rows.superseded-*.jsonl``."""
+    path = out / ROWS
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed run
+        key = (row.get("mutation"), row.get("clause"))
+        m = entries.get(str(key[0]))
+        if (key in chosen and m is not None and row.get("suite") == suite and row.get("entry") == m.digest()
+                and not row.get("interrupted") and row.get("verdict") in (KILLED, OTHER_CAUSE, SURVIVED)):
+            kept[key] = row  # type: ignore[index]
+    dropped = len(lines) - len(kept)
+    if dropped:
+        path.rename(out / f"rows.superseded-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}.jsonl")
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept.values()))
+    return list(kept.values()), dropped
+
+
 def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platform: str | None = None,
                platform_profile: Path | str | None = None, bounds: dict[str, float] | None = None,
                options: Sequence[str] = ()) -> dict[str, Any]:
@@ -77,6 +132,7 @@ def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platfor
     never settles): how long the run looks, never what it judges."""
     workdir.mkdir(parents=True, exist_ok=True)
     results = workdir / "results.json"
+    results.unlink(missing_ok=True)  # a row run again must not read its last attempt's results
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
             "--rootdir", str(REPO), str(REPO / test), "-q", f"--rayproof-results={results}"]
     if profile:
@@ -95,9 +151,11 @@ def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platfor
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)
     assert results.exists(), (f"the clause run wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
                               f"{proc.stderr[-2000:]}")
-    rows = [r for r in json.loads(results.read_text())["results"] if r["nodeid"].endswith(test.split("::")[-1])]
-    assert rows, f"no result for {test}:\n{proc.stdout[-3000:]}"
-    return {**rows[-1], "output": proc.stdout}
+    written = json.loads(results.read_text())
+    rows = [r for r in written["results"] if r["nodeid"].endswith(test.split("::")[-1])]
+    interrupted = written.get("exit_status") == INTERRUPTED_EXIT
+    assert rows or interrupted, f"no result for {test}:\n{proc.stdout[-3000:]}"
+    return {**(rows[-1] if rows else {"outcome": "error"}), "output": proc.stdout, "interrupted": interrupted}
 
 
 def clause_options(clause: str) -> tuple[str, ...]:
@@ -216,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=CLAUSES_AT_ONCE,
                         help=f"rows run at once on one platform (default {CLAUSES_AT_ONCE}, as certify runs clauses; "
                              "each still waits for its share of the cluster and a host slot)")
-    parser.add_argument("--out", help="where rows.jsonl, matrix.txt and each run's output go "
-                                      "(default: out/mutants-<UTC time>)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", help="where rows.jsonl, matrix.txt and each run's output go "
+                                     "(default: out/mutants-<UTC time>)")
+    where.add_argument("--resume", metavar="DIR", help="go on with the run in DIR: keep its rows of this suite and "
+                                                       "entry version, run the rest of the chosen rows")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1; got {args.jobs}")
@@ -238,15 +299,25 @@ def main(argv: list[str] | None = None) -> int:
         base = (yaml.safe_load(Path(args.platform_profile).read_text()) or {}) if args.platform_profile else {}
     except (OSError, yaml.YAMLError) as exc:
         parser.error(f"--platform-profile {args.platform_profile}: {exc}")
-    out = Path(args.out or REPO / "out" / f"mutants-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
-    if out.exists() and any(out.iterdir()):
-        parser.error(f"--out {out} is not empty")
-    out.mkdir(parents=True, exist_ok=True)
+    suite = suite_digest()
+    if args.resume:
+        out = Path(args.resume)
+        if not (out / ROWS).is_file():
+            parser.error(f"--resume {out}: no {ROWS} there; start a run with --out")
+        rows, dropped = resumed_rows(out, suite, {m.id: m for m in entries}, {(m.id, c) for m, c in chosen})
+    else:
+        out = Path(args.out or REPO / "out" / f"mutants-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
+        if out.exists() and any(out.iterdir()):
+            parser.error(f"--out {out} is not empty")
+        out.mkdir(parents=True, exist_ok=True)
+        rows, dropped = [], 0
+    done = {(r["mutation"], r["clause"]) for r in rows}
+    total = len(chosen)
+    chosen = [(m, c) for m, c in chosen if (m.id, c) not in done]
 
     def say(message: str) -> None:
         print(f"rayproof bench: {message}", file=sys.stderr, flush=True)
 
-    rows: list[dict[str, Any]] = []
     lock = threading.Lock()
     began = time.monotonic()
 
@@ -263,12 +334,16 @@ def main(argv: list[str] | None = None) -> int:
             undo()
         result = {"mutation": m.id, "clause": clause, "verdict": verdict(row, m.expect[clause]),
                   "outcome": row["outcome"], "seconds": round(time.monotonic() - t0, 1),
-                  "message": (row.get("message") or "")[:1500], "causes": list(m.expect[clause])}
+                  "message": (row.get("message") or "")[:1500], "causes": list(m.expect[clause]),
+                  "suite": suite, "entry": m.digest()}
         with lock:
+            with (out / ROWS).open("a") as f:
+                f.write(json.dumps({**result, "interrupted": bool(row.get("interrupted"))}) + "\n")
+            if row.get("interrupted"):
+                say(f"{m.id} x {clause}: interrupted, not counted ({result['seconds']:.0f} s)")
+                return
             rows.append(result)
-            with (out / "rows.jsonl").open("a") as f:
-                f.write(json.dumps(result) + "\n")
-            say(f"[{len(rows)}/{len(chosen)}] {m.id} x {clause}: {result['verdict']} ({result['outcome']}, "
+            say(f"[{len(rows)}/{total}] {m.id} x {clause}: {result['verdict']} ({result['outcome']}, "
                 f"{result['seconds']:.0f} s)")
 
     def run_rows(pairs: list[tuple[Mutation, str]], platform: Any, platform_profile: Path) -> None:
@@ -285,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise
 
     shared, own = plan(chosen)
+    if args.resume:
+        say(f"resuming {out}: {len(rows)} rows of this suite kept, {dropped} dropped (another suite or entry "
+            f"version, or interrupted), {len(chosen)} to run")
     say(f"{len(chosen)} rows: {len(shared)} on one reference platform, {len(chosen) - len(shared)} on "
         f"{len(own)} platforms of their own; results in {out}")
     interrupted = False

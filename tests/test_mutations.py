@@ -150,3 +150,61 @@ def test_upg1_runs_with_an_upgrade_to_the_version_the_platform_runs():
 
     assert mutants.clause_options("UPG-1") == ("--upgrade-to", build.load_versions()["kuberay"]["version"])
     assert mutants.clause_options("NET-2") == ()
+
+
+def _row(entry, clause, suite, *, verdict=mutants.KILLED, interrupted=False):
+    return {"mutation": entry.id, "clause": clause, "verdict": verdict, "outcome": "failed", "seconds": 1.0,
+            "message": "m", "causes": [], "suite": suite, "entry": entry.digest(), "interrupted": interrupted}
+
+
+def test_resume_keeps_the_rows_of_this_suite_and_entry_version_and_drops_the_rest(tmp_path):
+    entries = {m.id: m for m in mutations.load()}
+    never, gpu = entries["queues-never-preempt"], entries["gpu-quota-not-tied-to-the-tenant"]
+    changed = mutations.Mutation(**{**gpu.__dict__, "expect": {**gpu.expect, "ADM-1": ("another cause",)}})
+    lines = [json.dumps(_row(never, "ADM-5", "S")),
+             json.dumps(_row(gpu, "ADM-1", "older suite")),  # measured with other clauses or faults
+             json.dumps(_row(changed, "ADM-2", "S")),  # measured under another version of the entry
+             json.dumps(_row(gpu, "ADM-5", "S", interrupted=True)),  # a Ctrl-C, not a verdict
+             '{"mutation": "queues-never-pre']  # cut short by a killed run
+    (tmp_path / mutants.ROWS).write_text("\n".join(lines) + "\n")
+    chosen = {("queues-never-preempt", "ADM-5"), ("gpu-quota-not-tied-to-the-tenant", "ADM-1"),
+              ("gpu-quota-not-tied-to-the-tenant", "ADM-2"), ("gpu-quota-not-tied-to-the-tenant", "ADM-5")}
+    kept, dropped = mutants.resumed_rows(tmp_path, "S", entries, chosen)
+    assert [(r["mutation"], r["clause"]) for r in kept] == [("queues-never-preempt", "ADM-5")] and dropped == 4
+    assert [json.loads(x)["clause"] for x in (tmp_path / mutants.ROWS).read_text().splitlines()] == ["ADM-5"]
+    superseded = list(tmp_path.glob("rows.superseded-*.jsonl"))
+    assert len(superseded) == 1 and superseded[0].read_text().splitlines() == lines  # nothing lost
+
+
+def test_the_suite_digest_moves_with_a_clause_but_not_with_the_catalogue(tmp_path):
+    for part in ("conformance/x", "clusters/embedded/mutations"):
+        (tmp_path / part).mkdir(parents=True)
+    (tmp_path / "conformance/x/test_x.py").write_text("assert 1\n")
+    (tmp_path / "clusters/embedded/mutations/catalogue.yaml").write_text("[]\n")
+    before = mutants.suite_digest(tmp_path)
+    (tmp_path / "clusters/embedded/mutations/catalogue.yaml").write_text("- id: new\n")
+    assert mutants.suite_digest(tmp_path) == before
+    (tmp_path / "conformance/x/test_x.py").write_text("assert 2\n")
+    assert mutants.suite_digest(tmp_path) != before
+
+
+def test_resuming_a_finished_run_starts_no_platform_and_prints_its_matrix(tmp_path, capsys, monkeypatch):
+    never = mutations.entry("queues-never-preempt")
+    (tmp_path / mutants.ROWS).write_text(json.dumps(_row(never, "ADM-5", mutants.suite_digest())) + "\n")
+
+    def no_platform(*_args, **_kwargs):
+        raise AssertionError("a finished row was run again")
+    monkeypatch.setattr(mutants, "_platform", no_platform)
+    assert mutants.main(["--id", "queues-never-preempt", "--resume", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "1 rows of this suite kept, 0 dropped" in out.err and "kill rate 1/1" in out.out
+    assert (tmp_path / "matrix.txt").read_text().startswith("mutation")
+
+
+def test_resume_needs_a_run_to_go_on_with(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        mutants.main(["--id", "queues-never-preempt", "--resume", str(tmp_path / "none")])
+    assert exc.value.code == 2 and "start a run with --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        mutants.main(["--id", "queues-never-preempt", "--resume", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2

@@ -37,6 +37,8 @@ running the unchanged platform under a mutation's name.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,12 @@ class Mutation:
     @property
     def clauses(self) -> list[str]:
         return sorted(self.expect)
+
+    def digest(self) -> str:
+        """SHA-256 of what the entry changes and expects: a kill measured
+        under another version of the entry is not this entry's."""
+        what = {"kind": self.kind, "change": self.change, "expect": self.expect, "bounds": self.bounds}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=list).encode()).hexdigest()
 
     def needs_own_platform(self) -> bool:
         return self.kind == "platform"
