@@ -1,6 +1,7 @@
 """Training recovery on the platform: a worker preempted mid-all-reduce (TRN-1), the head pod dying (TRN-2)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from conformance.training_jobs import (
 )
 from core import timeouts
 from core.cost import record_idle_cost
-from core.waiting import wait_for
+from core.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -286,16 +287,46 @@ def inject_head_death(lab: Any, evidence: Any, tmp_path: Path, ns: str, before: 
     return deleted
 
 
+def status_keeping_log(lab: Any, log: DriverLog, ns: str, name: str) -> dict[str, Any]:
+    """The RayJob's status, its driver's log read first: a retry replaces the submitter pod, and its log with it."""
+    log.refresh()
+    return lab.rayjob_status(ns, name)
+
+
+def left_the_dead_cluster(status: dict[str, Any], dead_cluster: str) -> bool:
+    """The RayJob has moved to another RayCluster, or ended: what must follow its head's death within
+    ``head_loss_settle`` (not waiting on a cluster whose head is gone)."""
+    moved = status.get("rayClusterName") not in (None, "", dead_cluster)
+    return moved or status.get("jobDeploymentStatus") in ("Complete", "Failed")
+
+
+def wait_retried_after_head_death(lab: Any, evidence: Any, log: DriverLog, ns: str, name: str,
+                                  before: dict[str, Any], deleted: dict[str, Any]) -> dict[str, Any]:
+    """Fail-fast: within ``head_loss_settle`` of the head's deletion the RayJob has left the dead cluster (retried
+    on a new one, or ended); the seconds that took are recorded. A RayJob left Running on a cluster without a
+    head (a submitter that retries against it for half an hour, say) fails here, naming the cluster."""
+    dead = before["rayClusterName"]
+    with evidence.phase("retry"):
+        try:
+            status = wait_for(lambda: status_keeping_log(lab, log, ns, name),
+                              lambda s: left_the_dead_cluster(s, dead), timeout=timeouts.HEAD_LOSS_SETTLE, interval=1,
+                              description=f"RayJob {ns}/{name}: off {dead}, whose head was deleted")
+        except WaitTimeout as exc:
+            seen = exc.last_value or {}
+            raise AssertionError(
+                f"the RayJob did not retry on a new cluster within {timeouts.HEAD_LOSS_SETTLE.seconds:g} s of its "
+                f"head's deletion: still {seen.get('jobDeploymentStatus')} on {seen.get('rayClusterName')} "
+                f"(failed attempts {seen.get('failed')}, reason {seen.get('reason')!r})") from None
+    evidence.record("left_dead_cluster_after_s", round(time.time() - deleted["deleted_at"], 1))
+    return status
+
+
 def wait_finished_after_head_death(lab: Any, evidence: Any, log: DriverLog, ns: str, name: str) -> dict[str, Any]:
     """Observe: the RayJob's status once it completed or failed after its head died, its driver's log kept
     across the retries' submitter pods."""
     with evidence.phase("observe"):
-        def status_keeping_events() -> dict:
-            log.refresh()  # a retry replaces the submitter pod, and its log with it
-            return lab.rayjob_status(ns, name)
-
-        status = wait_for(status_keeping_events, lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
-                          timeout=timeouts.TRAINING_RUN, interval=1,
+        status = wait_for(lambda: status_keeping_log(lab, log, ns, name),
+                          lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"), timeout=timeouts.TRAINING_RUN, interval=1,
                           description=f"RayJob {ns}/{name}: finished after its head died")
     return status
 
@@ -348,7 +379,8 @@ def judge_retried_and_resumed(evidence: Any, log: DriverLog, seen: HeadDeath, st
 @pytest.mark.clause("TRN-2")
 def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, tmp_path) -> None:
     """When the head pod of a training RayJob dies (taking the driver with it),
-    the RayJob MUST retry on a new RayCluster (its backoffLimit) and training
+    the RayJob MUST retry on a new RayCluster (its backoffLimit) within
+    head_loss_settle (300 s) of the death, not wait on the dead one, and training
     MUST resume from a checkpoint in shared storage at least as new as the last
     one settled before the death -- not from step 0 -- and the RayJob MUST
     succeed with every step done."""
@@ -360,6 +392,7 @@ def test_head_pod_death_retries_and_resumes_from_shared_storage(lab, evidence, t
     deleted = inject_head_death(lab, evidence, tmp_path, ns, before)
     evidence.record("latest_checkpoint_before_kill", ckpt["step"])
     evidence.record("last_step_before_kill", last["step"])
+    wait_retried_after_head_death(lab, evidence, log, ns, name, before, deleted)
     status = wait_finished_after_head_death(lab, evidence, log, ns, name)
     seen = record_head_death(evidence, log, deleted, status, before)
     judge_retried_and_resumed(evidence, log, seen, status, before, ckpt, name)
