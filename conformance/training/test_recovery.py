@@ -326,7 +326,8 @@ def wait_finished_after_head_death(lab: Any, evidence: Any, log: DriverLog, ns: 
     across the retries' submitter pods."""
     with evidence.phase("observe"):
         status = wait_for(lambda: status_keeping_log(lab, log, ns, name),
-                          lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"), timeout=timeouts.TRAINING_RUN, interval=1,
+                          lambda s: s.get("jobDeploymentStatus") in ("Complete", "Failed"),
+                          timeout=timeouts.TRAINING_RUN, interval=1,
                           description=f"RayJob {ns}/{name}: finished after its head died")
     return status
 
