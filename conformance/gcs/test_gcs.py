@@ -145,26 +145,6 @@ def head_service(lab, ns: str, cluster: str) -> str:
                 and (s.metadata.labels or {}).get("ray.io/node-type") == "head")
 
 
-# Polls Ray's state API once a second and prints the Ray nodes the GCS lists as
-# alive: from a pod in the team's namespace, as any client there would, so it
-# needs nothing beyond creating a pod and reading its log (no API-server proxy).
-RAY_NODES_OBSERVER = (
-    "import json, sys, time, urllib.request\n"
-    "url, until = sys.argv[1], time.time() + float(sys.argv[2])\n"
-    "while time.time() < until:\n"
-    "    began = time.time()\n"
-    "    rec = {'event': 'ray_nodes', 'ts': round(began, 2)}\n"
-    "    try:\n"
-    "        nodes = json.load(urllib.request.urlopen(url, timeout=4))['data']['result']['result']\n"
-    "        alive = [n for n in nodes if n['state'] == 'ALIVE']\n"
-    "        rec.update(alive=len(alive), dead=len(nodes) - len(alive), alive_nodes=sorted(\n"
-    "            ('head:' if n.get('is_head_node') else 'worker:') + n['node_id'][:12] for n in alive))\n"
-    "    except Exception as exc:\n"
-    "        rec['error'] = (type(exc).__name__ + ': ' + str(exc))[:160]\n"
-    "    print('RAYPROOF_EVENT ' + json.dumps(rec), flush=True)\n"
-    "    time.sleep(max(0.0, 1 - (time.time() - began)))  # sleep-ok: the observer's own pacing, in the pod\n")
-
-
 def start_ray_nodes_observer(lab, ns: str, cluster: str, duration_s: float) -> str:
     """A pod in ``ns`` that logs the alive Ray nodes of ``cluster`` (as its GCS
     reports them through the dashboard's state API) once a second for ``duration_s``."""
@@ -174,9 +154,11 @@ def start_ray_nodes_observer(lab, ns: str, cluster: str, duration_s: float) -> s
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(lab.labels)},
         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
             "name": "observe", "image": lab.profile.ray_image,
-            "command": ["python", "-c", RAY_NODES_OBSERVER, url, str(int(duration_s))],
+            "command": ["python", f"{mf.WORKLOADS_MOUNT}/workloads/ray_nodes_observer.py", url, str(int(duration_s))],
             "env": [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
-            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}}]}})
+            "volumeMounts": [{"name": "workloads", "mountPath": f"{mf.WORKLOADS_MOUNT}/workloads", "readOnly": True}],
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}}],
+            "volumes": [{"name": "workloads", "configMap": {"name": mf.WORKLOADS_CONFIGMAP}}]}})
     return name
 
 
