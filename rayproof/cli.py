@@ -243,16 +243,15 @@ def _certification(args: argparse.Namespace, profile: Any, target: Any, out: Pat
     print(f"rayproof: certifying; reports go to {out}", flush=True)
     described = {**target.describe(), "certification_profile": profile.source,
                  "golden_templates": profile.template_digests()}
-    rc = _pytest([*WORKERS, *_certify_pytest_args(args, out, results), *extra])
+    opened = out / "opened-cluster.json"  # preflight passed (_open_certified_cluster): the workers only connect
+    opened.write_text(json.dumps({"target": described, "preflight": "passed"}, indent=2, default=str))
+    rc = _pytest([*WORKERS, f"--rayproof-opened={opened}", *_certify_pytest_args(args, out, results), *extra])
     if not results.exists():
         if rc == 2:
             print("rayproof: INCOMPLETE — the run was interrupted before any result was written", file=sys.stderr)
             return NO_VERDICT_EXIT
         print(f"rayproof: the run wrote no results (pytest exit {rc}); nothing to certify", file=sys.stderr)
         return PREFLIGHT_EXIT if rc == PREFLIGHT_EXIT else INTERNAL_ERROR_EXIT
-    recorded = json.loads(results.read_text())
-    recorded["target"] = described  # the workers each know it; the run's record keeps it once
-    results.write_text(json.dumps(recorded, indent=2, default=str))
     runner = runner_rows()
     platform = {**runner, **target_rows(described)}
     platform["certification wall time"] = f"{time.monotonic() - began:.0f} s"

@@ -39,6 +39,19 @@ def test_results_carry_clause_must_evidence_and_not_applicable(pytester):
     assert rows["T-2"]["outcome"] == "not_applicable"
 
 
+def test_a_run_the_cli_opened_names_the_cluster_as_the_cli_described_it(pytester):
+    _suite(pytester, CLAUSE_OK)
+    out, opened = pytester.path / "results.json", pytester.path / "opened-cluster.json"
+    opened.write_text(json.dumps({"target": {"kind": "existing", "server": "https://example.invalid"},
+                                  "preflight": "passed"}))
+    pytester.runpytest("conformance", f"--rayproof-results={out}", f"--rayproof-opened={opened}").assert_outcomes(
+        passed=1, skipped=1)
+    assert json.loads(out.read_text())["target"] == {"kind": "existing", "server": "https://example.invalid"}
+    opened.write_text("[]")
+    result = pytester.runpytest("conformance", f"--rayproof-opened={opened}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "not a record of an opened cluster" in result.stderr.str()
+
+
 CLAUSE_ACROSS_A_CLOCK_STEP = '''
 import time
 
