@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from core import timeouts
+from core.figures import PROMISED_FAIL_FAST_BOUND_S
 from core.waiting import wait_for
 from fixtures import manifests as mf
 from fixtures.events import parse_events
@@ -139,7 +140,7 @@ def newest_checkpoint_begun(events: list[dict[str, Any]], before: float) -> int 
 def promised_fail_fast_bound(profile: Any, evidence: Any) -> float:
     """The platform's promise: how soon a training whose collectives cannot
     complete fails or restarts (profile ``training.maxCollectiveTimeout``)."""
-    return evidence.record("promised_fail_fast_bound_s", profile.seconds("training.maxCollectiveTimeout"))
+    return evidence.record(PROMISED_FAIL_FAST_BOUND_S, profile.seconds("training.maxCollectiveTimeout"))
 
 
 def collective_timeout_used(events: list[dict[str, Any]], evidence: Any) -> dict[str, Any] | None:

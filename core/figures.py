@@ -5,6 +5,8 @@ GCS-1 and GCS-2 record :class:`HeadOomFigures` under evidence key
 ADM-4 records :class:`EvictionFigures` there. ``reports/timeline.py``
 reads them through these types, never through a dotted string: a key
 renamed on one side and not the other is a type error (mypy, in `bin/rayproof test`).
+The other keys the timeline draws are the names below, which the clauses
+record under: neither side spells them.
 """
 from __future__ import annotations
 
@@ -12,6 +14,19 @@ from typing import Any, Mapping, TypedDict, cast
 
 FIGURES = "figures"  # the evidence key both record them under
 AVAILABILITY_BY_PHASE = "availability_by_phase"  # GCS-1's, beside them
+
+# The other evidence keys the timeline draws, one name for the clause that
+# records each and the report that reads it. Series are rows of
+# [seconds from the clause's origin, value, ...].
+AVAILABILITY_PER_SECOND = "availability_per_second"  # GCS-1: [s, availability]
+STEPS_SINCE_KILL = "steps_since_kill"  # TRN-1: [s, step]
+CHECKPOINTS_SINCE_KILL = "checkpoints_since_kill"  # TRN-1: [s, step checkpointed]
+KILL_TO_WORKER_GROUP_RESTART_S = "kill_to_worker_group_restart_s"  # TRN-1
+KILL_TO_PROGRESS_S = "kill_to_progress_s"  # TRN-1: training past its last step before the kill
+PROMISED_FAIL_FAST_BOUND_S = "promised_fail_fast_bound_s"  # TRN-1, NET-1, NET-4: the platform's promise
+FAILED_AFTER_PROCESS_GROUP_SETUP_S = "failed_after_process_group_setup_s"  # NET-1
+BOUND_S = "bound_s"  # ADM-4 (waitForPodsReady + slack), OPS-1
+GANG_PER_SECOND = "gang_per_second"  # ADM-4: [s, pods holding, pods releasing, GPUs reserved]
 
 
 class HeadOomFigures(TypedDict, total=False):

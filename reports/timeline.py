@@ -20,7 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from core.figures import eviction_figures, head_oom_figures, phase_windows
+from core.figures import (
+    AVAILABILITY_PER_SECOND,
+    BOUND_S,
+    CHECKPOINTS_SINCE_KILL,
+    FAILED_AFTER_PROCESS_GROUP_SETUP_S,
+    GANG_PER_SECOND,
+    KILL_TO_PROGRESS_S,
+    KILL_TO_WORKER_GROUP_RESTART_S,
+    PROMISED_FAIL_FAST_BOUND_S,
+    STEPS_SINCE_KILL,
+    eviction_figures,
+    head_oom_figures,
+    phase_windows,
+)
 
 
 @dataclass
@@ -64,18 +77,18 @@ def _gcs1(evidence: dict[str, Any]) -> Timeline:
             phases.append((name.replace("_", " "), start, start + phase["seconds"], phase["availability"]))
             start += phase["seconds"]
     return Timeline("GCS-1", "head-pressure job submitted", marks, phases,
-                    series=[("availability, each second", _series(evidence, "availability_per_second", 1))],
+                    series=[("availability, each second", _series(evidence, AVAILABILITY_PER_SECOND, 1))],
                     unit="availability")
 
 
 def _trn1(evidence: dict[str, Any]) -> Timeline:
-    bound = evidence.get("promised_fail_fast_bound_s")
+    bound = evidence.get(PROMISED_FAIL_FAST_BOUND_S)
     return Timeline("TRN-1", "worker pod deleted mid-all-reduce",
-                    _marks([("worker group restarted", evidence.get("kill_to_worker_group_restart_s")),
-                            ("training past its last step", evidence.get("kill_to_progress_s"))]),
+                    _marks([("worker group restarted", evidence.get(KILL_TO_WORKER_GROUP_RESTART_S)),
+                            ("training past its last step", evidence.get(KILL_TO_PROGRESS_S))]),
                     bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None,
-                    series=[("training step", _series(evidence, "steps_since_kill", 1)),
-                            ("checkpoint saved", _series(evidence, "checkpoints_since_kill", 1))],
+                    series=[("training step", _series(evidence, STEPS_SINCE_KILL, 1)),
+                            ("checkpoint saved", _series(evidence, CHECKPOINTS_SINCE_KILL, 1))],
                     unit="step")
 
 
@@ -87,19 +100,19 @@ def _adm4(evidence: dict[str, Any]) -> Timeline:
     evicted, requeued = figures.get("evicted_after_admission_s"), figures.get("requeued_after_eviction_s")
     if isinstance(evicted, (int, float)) and isinstance(requeued, (int, float)):
         marks.append(("requeued", float(evicted + requeued)))
-    bound = evidence.get("bound_s")
+    bound = evidence.get(BOUND_S)
     return Timeline("ADM-4", "gang admitted", marks,
                     bound=("waitForPodsReady + slack", float(bound)) if isinstance(bound, (int, float)) else None,
-                    series=[("gang pods holding resources", _series(evidence, "gang_per_second", 1)),
-                            ("gang pods being released", _series(evidence, "gang_per_second", 2)),
-                            ("GPUs reserved", _series(evidence, "gang_per_second", 3))],
+                    series=[("gang pods holding resources", _series(evidence, GANG_PER_SECOND, 1)),
+                            ("gang pods being released", _series(evidence, GANG_PER_SECOND, 2)),
+                            ("GPUs reserved", _series(evidence, GANG_PER_SECOND, 3))],
                     unit="pods / GPUs")
 
 
 def _net1(evidence: dict[str, Any]) -> Timeline:
-    bound = evidence.get("promised_fail_fast_bound_s")
+    bound = evidence.get(PROMISED_FAIL_FAST_BOUND_S)
     return Timeline("NET-1", "process group began to form (collectives blocked)",
-                    _marks([("training failed", evidence.get("failed_after_process_group_setup_s"))]),
+                    _marks([("training failed", evidence.get(FAILED_AFTER_PROCESS_GROUP_SETUP_S))]),
                     bound=("promised fail-fast bound", float(bound)) if isinstance(bound, (int, float)) else None)
 
 

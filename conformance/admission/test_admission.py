@@ -15,7 +15,7 @@ from conformance.admission.sampling import FINISHED, Sampler, compact, condition
 from conformance.training_jobs import gang_gpus, training_rayjob
 from core import kueue, timeouts
 from core.cost import record_idle_cost
-from core.figures import FIGURES, EvictionFigures
+from core.figures import BOUND_S, FIGURES, GANG_PER_SECOND, EvictionFigures
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
 from fixtures import manifests as mf
@@ -203,7 +203,7 @@ def record_eviction_bounds(lab: Any, evidence: Any) -> EvictionBounds:
     timeout_s = lab.profile.wait_for_pods_ready_s
     backoff_s = lab.profile.seconds("kueue.waitForPodsReady.backoffBase")  # platform-owned-ok: read
     bound = timeout_s + timeouts.FAIL_FAST_SLACK.seconds
-    evidence.record("bound_s", bound)
+    evidence.record(BOUND_S, bound)
     backoff_bound = evidence.record("backoff_bound_s", backoff_s + max(backoff_s, timeouts.BACKOFF_SLACK.seconds))
     return EvictionBounds(timeout_s, backoff_s, bound, backoff_bound)
 
@@ -299,9 +299,9 @@ def record_stuck_gang_figures(evidence: Any, samples: list[dict[str, Any]], name
         "released_sample": released and {"t": released["t"], "cq": released["cq"]},
     })
     if admitted_t is not None:  # the timeline's series: the gang's pods and quota, second by second
-        evidence.record("gang_per_second", [[round(s["t"] - admitted_t, 1), s["jobs"][name]["pods"],
-                                             s["jobs"][name]["releasing"], s["jobs"][name]["reserved_gpus"]]
-                                            for s in samples if name in s["jobs"]])
+        evidence.record(GANG_PER_SECOND, [[round(s["t"] - admitted_t, 1), s["jobs"][name]["pods"],
+                                           s["jobs"][name]["releasing"], s["jobs"][name]["reserved_gpus"]]
+                                          for s in samples if name in s["jobs"]])
     return figures
 
 

@@ -30,7 +30,7 @@ from conformance.serving import (
     start_load,
 )
 from core import timeouts
-from core.figures import AVAILABILITY_BY_PHASE, FIGURES, HeadOomFigures
+from core.figures import AVAILABILITY_BY_PHASE, AVAILABILITY_PER_SECOND, FIGURES, HeadOomFigures
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
 from fixtures import golden
@@ -463,7 +463,7 @@ def record_availability(evidence, seconds: list[dict[str, Any]], figures: dict[s
                                                                      for k, v in recovered.items()}})
     window = load_window(seconds, submitted_at, window_end)
     evidence.record("availability_window", {"start": submitted_at, "end": window_end, **window})
-    evidence.record("availability_per_second", per_second(seconds, submitted_at, window_end))
+    evidence.record(AVAILABILITY_PER_SECOND, per_second(seconds, submitted_at, window_end))
     oom_at = figures["oom_at"] or submitted_at
     recovered_at = window_end - TAIL_S
     evidence.record(AVAILABILITY_BY_PHASE, {

@@ -18,6 +18,7 @@ from conformance.training_jobs import (
 )
 from core import timeouts
 from core.cost import record_idle_cost
+from core.figures import FAILED_AFTER_PROCESS_GROUP_SETUP_S
 from core.selectors import selector_matches
 from core.waiting import wait_for
 from fixtures import manifests as mf
@@ -110,7 +111,7 @@ def test_policy_blocking_collectives_fails_training_fast(lab, network_policy_enf
     failure = failures[-1]
     setups = [e for e in events if e["event"] == "process_group_setup"]
     assert setups, f"the driver never reported the process-group setup; its output:\n{lab.submitter_logs(ns, name)[-3000:]}"
-    failed_after = evidence.record("failed_after_process_group_setup_s", round(failure["ts"] - setups[0]["ts"], 1))
+    failed_after = evidence.record(FAILED_AFTER_PROCESS_GROUP_SETUP_S, round(failure["ts"] - setups[0]["ts"], 1))
     record_idle_cost(lab.profile, evidence, gang_gpus(lab) * failed_after,
                      "a gang blocked in its collectives until the training failed")
     evidence.record("failed_after_fit_start_s", failure["seconds"])

@@ -12,6 +12,7 @@ import pytest
 
 from conformance.training_jobs import gang_gpus
 from core import kueue, timeouts
+from core.figures import BOUND_S
 from core.profile import cluster_spec_in
 from core.timeouts import Tier
 from core.waiting import WaitTimeout, wait_for
@@ -83,7 +84,7 @@ def test_finished_rayjob_cluster_is_torn_down(lab, evidence) -> None:
                     f"ended (bound {bound_s:g} s): its GPUs stayed held by an idle cluster; left: {exc.last_value}")
     gone_after = round(time.time() - ended, 1)
     evidence.record("teardown_after_end_s", gone_after)
-    evidence.record("bound_s", bound_s)
+    evidence.record(BOUND_S, bound_s)
     evidence.record("final_state", left)
     assert gone_after <= bound_s, (
         f"RayJob {name}'s cluster took {gone_after} s after the job ended to be torn down (bound {bound_s:g} s): "

@@ -24,6 +24,7 @@ from conformance.training_jobs import (
 )
 from core import timeouts
 from core.cost import record_idle_cost
+from core.figures import CHECKPOINTS_SINCE_KILL, KILL_TO_PROGRESS_S, KILL_TO_WORKER_GROUP_RESTART_S, STEPS_SINCE_KILL
 from core.waiting import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.slow
@@ -106,9 +107,9 @@ def record_preemption(evidence: Any, log: DriverLog, deleted: dict[str, Any], st
     evidence.record("restored_step", restored[0]["step"] if restored else None)
     evidence.record("checkpoint_interval", every)
     # The timeline's series: each step and checkpoint, in seconds from the deletion.
-    evidence.record("steps_since_kill", [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]] for e in steps])
-    evidence.record("checkpoints_since_kill", [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]]
-                                               for e in log.events("checkpoint_saved")])
+    evidence.record(STEPS_SINCE_KILL, [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]] for e in steps])
+    evidence.record(CHECKPOINTS_SINCE_KILL, [[round(e["ts"] - deleted["deleted_at"], 2), e["step"]]
+                                             for e in log.events("checkpoint_saved")])
     evidence.record("collectives_in_flight_at_deletion", collectives_in_flight(log.events(), deleted["deleted_at"]))
     return Preemption(deleted=deleted, steps=steps, restored=restored, restarts=restarts, saved_before=saved_before)
 
@@ -133,7 +134,7 @@ def judge_worker_group_restart(lab: Any, evidence: Any, log: DriverLog, seen: Pr
     assert restarts, (f"no worker group restarted after {deleted['pod']} was deleted; driver output:\n"
                       f"{lab.submitter_logs(ns, name)[-3000:]}")
     restart_s = round(restarts[0]["ts"] - deleted["deleted_at"], 1)
-    evidence.record("kill_to_worker_group_restart_s", restart_s)
+    evidence.record(KILL_TO_WORKER_GROUP_RESTART_S, restart_s)
     assert restart_s <= bound_s + slack, (
         f"the worker group restarted {restart_s} s after the preemption, beyond the promised fail-fast bound "
         f"{bound_s:g} s + {slack:g} s slack")
@@ -192,7 +193,7 @@ def record_steps_lost(lab: Any, profile: Any, evidence: Any, seen: Preemption) -
     # passed the last step reached: the restart, and the lost steps run again.
     progress = [e["ts"] for e in steps if e["ts"] > restarts[0]["ts"] and e["step"] > reached]
     if progress:
-        no_progress_s = evidence.record("kill_to_progress_s", round(progress[0] - deleted["deleted_at"], 1))
+        no_progress_s = evidence.record(KILL_TO_PROGRESS_S, round(progress[0] - deleted["deleted_at"], 1))
         record_idle_cost(profile, evidence, gang_gpus(lab) * no_progress_s,
                          "a preempted worker: the restart and the steps lost since the last checkpoint")
     return reached
