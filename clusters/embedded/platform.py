@@ -121,12 +121,15 @@ def pod_network_flags(profile: Profile) -> list[str]:
     """What the pod network controller (``podnet run``) serves of ``profile``'s network.
 
     The router judges NetworkPolicy on the node agent. On real nodes CoreDNS
-    pods serve DNS (``nodes/dns.py``) and kube-router judges NetworkPolicy in
-    each node (``nodes/netpol.py``); the router judges it too only to cut
-    connections opened before a policy, which kube-router keeps.
+    pods serve DNS (``nodes/dns.py``), kube-proxy in each node translates
+    Service addresses and serves node ports (the router holds no Service rule
+    and nothing listens on this machine's loopback for them), and kube-router
+    judges NetworkPolicy in each node (``nodes/netpol.py``); the router judges
+    it too only to cut connections opened before a policy, which kube-router
+    keeps.
     """
     real_nodes = profile.node_runtime == "kubelet"
-    flags = ["--no-dns"] if real_nodes else ["--host-ports"]  # real nodes: CNI portmap
+    flags = ["--no-dns", "--no-services"] if real_nodes else ["--host-ports"]  # real nodes: CNI portmap
     if profile.cuts_open_connections:
         flags.append("--recheck-established")
     elif real_nodes or not profile.enforces_network_policy:

@@ -151,6 +151,30 @@ def test_node_port_forwards_to_ready_endpoints_and_closes_when_gone(podnet):
     assert podnet.threads == [], "stop() ends every listener and forwarding thread"
 
 
+def test_on_real_nodes_the_router_holds_no_service_rule_and_no_node_port_listens_here(tmp_path):
+    """``podnet run --no-services`` (the real nodes, where kube-proxy in each node does both): a NodePort
+    Service with a ready endpoint gets no DNAT rule in the router and no listener on this machine."""
+    try:
+        check_available()
+    except Exception as exc:  # noqa: BLE001 - the message says what to do
+        pytest.fail(f"the pod network cannot run here: {exc}")
+    ctl = PodNetworkController(None, f"t{uuid.uuid4().hex[:8]}", state_dir=tmp_path / "podnet",
+                               serve_services=False).start()
+    try:
+        b = ctl.network.attach("default/b/uid-b")
+        server = Listener(b, 8000, with_peer=True)
+        port = _free_port()
+        try:
+            _feed(ctl, "NodePort", port, {b.ip: True})
+            nat = ctl.network.ruleset()["nat"]
+            assert "198.19.0.20" not in nat and "DNAT" not in nat, nat
+            assert ctl.nodeports.ports == {} and _greeting(port).startswith("error:"), _greeting(port)
+        finally:
+            server.close()
+    finally:
+        ctl.close()
+
+
 def test_a_node_port_held_by_another_program_is_reported_then_served(podnet):
     b = podnet.network.attach("default/b/uid-b")
     server = Listener(b, 8000, with_peer=True)

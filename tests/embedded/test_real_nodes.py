@@ -396,13 +396,14 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
         got = wait_for(lambda p=pod: fetch(p), lambda r: "served-by-server" in r.stdout,
                        timeout=timeouts.CONTAINER_TRANSITION, description=f"{pod} to fetch from server through Service web")
         assert got.returncode == 0
-    # kube-proxy of the client's node holds the Service's rules: the DNAT happens before the packet leaves it.
-    # (The fetch alone does not show it: the router DNATs a Service's address too, so a fetch can be
-    # answered before kube-proxy's sync; once, the rule was not there yet right after it.)
+    # kube-proxy of the client's node holds the Service's rules: the DNAT happens before the packet leaves
+    # it. Nothing stands in for it: the router between the nodes holds no Service rule (podnet --no-services).
     cluster_ip = core.read_namespaced_service("web", namespace).spec.cluster_ip
     wait_for(lambda: _host.iptables_save(NodeNet(platform.name, NODES).netns, "nat"),
              lambda nat: f"-d {cluster_ip}/32" in nat and "KUBE-SVC-" in nat, timeout=timeouts.CONTAINER_TRANSITION,
              description=f"kube-proxy of node {NODES} to hold Service web's DNAT rule for {cluster_ip}: its nat table")
+    router_nat = _host.iptables_save(f"rayproof-{platform.name}-net", "nat")
+    assert cluster_ip not in router_nat and "DNAT" not in router_nat, router_nat
     client.NetworkingV1Api(platform.api_client()).create_namespaced_network_policy(namespace, {
         "metadata": {"name": "deny-ingress", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"]}})

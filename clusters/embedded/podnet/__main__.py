@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--host-ports", action="store_true",
                      help="serve pods' hostPorts on the node address (nodes without a CNI portmap plugin)")
     run.add_argument("--proxy-port", type=int, help="also serve the cluster proxy on 127.0.0.1:<port>")
+    run.add_argument("--no-services", action="store_true",
+                     help="translate no Service address and serve no node port (the real nodes: kube-proxy in each "
+                          "node does both, and nothing stands in for it)")
     run.add_argument("--no-dns", action="store_true",
                      help="serve no cluster DNS (the real nodes run CoreDNS as pods behind the kube-dns Service)")
     down = sub.add_parser("teardown", help="remove the whole pod network")
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                                recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port,
                                enforce_policies=not args.no_network_policy, serve_dns=not args.no_dns,
                                policy_nodes=frozenset(args.policy_nodes.split(",")) if args.policy_nodes else None,
-                               host_ports=args.host_ports)
+                               host_ports=args.host_ports, serve_services=not args.no_services)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -135,7 +135,7 @@ class PodNetworkController:
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
                  enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True,
-                 policy_nodes: frozenset[str] | None = None, host_ports: bool = False):
+                 policy_nodes: frozenset[str] | None = None, host_ports: bool = False, serve_services: bool = True):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -145,6 +145,10 @@ class PodNetworkController:
         self.kubeconfig = None if kubeconfig is None else Path(kubeconfig)
         self.network = network
         self.serve_dns = serve_dns  # off where CoreDNS pods serve the cluster's DNS (real nodes)
+        # Off where kube-proxy in each node translates Service addresses and
+        # serves node ports (real nodes): the router then holds no Service
+        # rule and no node port listens on this machine's loopback.
+        self.serve_services = serve_services
         self.state = ClusterState()
         self._recheck_established = recheck_established
         # False: a CNI without NetworkPolicy support (flannel): policies are
@@ -190,7 +194,8 @@ class PodNetworkController:
         if self.serve_dns:
             self.network.start_dns()
         self.proxy.start()
-        self.nodeports.start()
+        if self.serve_services:
+            self.nodeports.start()
         self._stop.clear()
         self._last.clear()  # a fresh DNS server and maybe a rebuilt router: apply everything
         self.state.changed.set()  # first apply even with nothing fed yet
@@ -273,7 +278,7 @@ class PodNetworkController:
             log.warning("NetworkPolicies not enforced: %s", "; ".join(errors))
         self.policy_errors = errors
 
-        nat = compile_services(services, endpoints, snat_ip=ROUTER_IP)
+        nat = compile_services(services if self.serve_services else [], endpoints, snat_ip=ROUTER_IP)
         if nat.rules() != self._last.get("nat"):
             self.network.apply_table(nat)
             self._last["nat"] = nat.rules()
@@ -287,7 +292,7 @@ class PodNetworkController:
             self.network.apply_table(filt)
             self._last["filter"] = filt.rules()
         # After the nat table: a node port opens only once its cluster IP's DNAT is live.
-        node_ports = compile_node_ports(services, endpoints)
+        node_ports = compile_node_ports(services, endpoints) if self.serve_services else {}
         if self.host_ports:  # a node port the API server gave a Service keeps it
             node_ports = {**compile_host_ports(pods), **node_ports}
         if node_ports != self._last.get("nodeports") or self.nodeports.errors:
