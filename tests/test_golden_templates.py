@@ -92,6 +92,18 @@ def test_filling_in_sets_only_what_a_team_sets() -> None:
     assert p.templates["rayJob"]["metadata"]["name"] == "training", "the template itself is untouched"
 
 
+def test_a_job_sent_to_an_existing_cluster_keeps_the_platforms_submitter() -> None:
+    p = profile_mod.load()
+    job = golden.rayjob_on_cluster(p, "victim-1", {"rayproof.io/run": "r"}, "python x.py", cluster="team-a")
+    template = p.templates["rayJob"]["spec"]
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "team-a"} and job["spec"]["entrypoint"] == "python x.py"
+    assert not set(golden.OWN_CLUSTER_ONLY) & set(job["spec"]), "nothing of a cluster of its own"
+    for field in ("submitterPodTemplate", "submitterConfig"):  # the platform's, as the template has them
+        assert job["spec"][field] == template[field], field
+    assert golden.gcs_redis_address(job) is None
+    assert p.templates["rayJob"]["spec"]["rayClusterSpec"], "the template itself is untouched"
+
+
 def test_the_guard_names_a_platform_owned_field_the_suite_would_change() -> None:
     p = profile_mod.load()
     job = golden.rayservice(p, "s", {}, "applications: []", workers=1)

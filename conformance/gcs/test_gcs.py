@@ -650,9 +650,8 @@ def start_victim_and_check_tenancy(lab, evidence, ns_a: str, ns_b: str, cluster_
     with evidence.phase("deploy both teams"):
         wait_for(lambda: head_sample(lab, ns_a, cluster_a), lambda h: h["ready"], timeout=timeouts.RAYCLUSTER_READY,
                  interval=2, description=f"the head of RayCluster {ns_a}/{cluster_a} to be Ready")
-        lab.create_ray(ns_a, "rayjobs", {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": victim},
-                                         "spec": {"entrypoint": tick_entrypoint(ticks_long),
-                                                  "clusterSelector": {"ray.io/cluster": cluster_a}}})
+        lab.create_ray(ns_a, "rayjobs", lab.rayjob_on_cluster(ns_a, victim, tick_entrypoint(ticks_long),
+                                                              cluster=cluster_a))
         wait_for(lambda: ticks_of(lab, ns_a, victim), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
                  interval=2, description=f"team A's RayJob {ns_a}/{victim} to make progress")
         wait_for(lambda: ticks_of(lab, ns_b, other), lambda t: len(t) >= 3, timeout=timeouts.RAYCLUSTER_READY,
