@@ -798,7 +798,8 @@ def test_head_oom_stays_in_its_namespace(lab, evidence, tmp_path) -> None:
     pods, never read from the profile); team B's RayCluster sees no pod
     restarted or replaced and its job keeps making progress through the event
     (no stretch without progress longer than 15 s), and team A's RayJob that
-    was running on the hit head MUST reach a terminal or retrying state
+    was running on the hit head (the golden RayJob sent to team A's cluster,
+    with the platform's submitter) MUST reach a terminal or retrying state
     instead of showing Running forever."""
     ns_a, ns_b = lab.namespace("a"), lab.namespace("b", own_tenant=True)  # another tenant: its own ClusterQueue
     cluster_a = lab.name("team-a")
