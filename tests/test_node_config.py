@@ -211,20 +211,21 @@ def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_ow
 @pytest.mark.parametrize("runtime, enforce, cuts, flags", [
     # The reference platform cuts open connections on either node layer.
     ("agent", True, "default", ["--host-ports", "--recheck-established"]),
-    ("kubelet", True, "default", ["--no-dns", "--recheck-established"]),
+    ("kubelet", True, "default", ["--no-dns", "--no-services", "--recheck-established"]),
     # null: the engine's own way (the router cuts, kube-router keeps).
     ("agent", True, None, ["--host-ports", "--recheck-established"]),
-    ("kubelet", True, None, ["--no-dns", "--no-network-policy"]),
+    ("kubelet", True, None, ["--no-dns", "--no-services", "--no-network-policy"]),
     ("agent", True, False, ["--host-ports"]),
-    ("kubelet", True, False, ["--no-dns", "--no-network-policy"]),
+    ("kubelet", True, False, ["--no-dns", "--no-services", "--no-network-policy"]),
     # No engine at all: nothing to cut with.
     ("agent", False, True, ["--host-ports", "--no-network-policy"]),
-    ("kubelet", False, True, ["--no-dns", "--no-network-policy"]),
+    ("kubelet", False, True, ["--no-dns", "--no-services", "--no-network-policy"]),
 ])
 def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(runtime, enforce, cuts, flags) -> None:
     """On real nodes kube-router judges every connection in its node; the router's engine joins it,
     judging every packet that crosses the router, only to cut connections opened before a policy.
-    The node agent's nodes have no CNI portmap plugin: the pod network serves their hostPorts."""
+    The node agent's nodes have no CNI portmap plugin: the pod network serves their hostPorts. On real
+    nodes kube-proxy alone translates Service addresses and serves node ports (``--no-services``)."""
     from clusters.embedded.platform import pod_network_flags
     from clusters.embedded.profile import load_profile
 
