@@ -43,6 +43,7 @@ def build(results: dict[str, Any], platform: dict[str, Any]) -> dict[str, Any]:
         if rank.index(outcome) > rank.index(entry["outcome"]):
             entry["outcome"] = outcome
             entry["message"] = r.get("message") or ""
+            entry["not_run"] = bool(r.get("not_run"))  # errored waiting for the machine or the cluster: not judged
     ordered = sorted(clauses.values(), key=lambda c: c["id"])
     counts = {k: sum(1 for c in ordered if c["outcome"] == k) for k in (PASS, FAIL, NOT_APPLICABLE, ERROR)}
     verdict, why = judge(results, ordered)
@@ -75,9 +76,13 @@ def judge(results: dict[str, Any], clauses: list[dict[str, Any]]) -> tuple[str, 
     ran = {c["id"] for c in clauses}
     missing = [cid for cid in catalogue if cid not in ran]
     of = f"{len(catalogue) - len(missing)} of {len(catalogue)} clauses run"
-    failed = [c["id"] for c in clauses if c["outcome"] in (FAIL, ERROR)]
+    failed = [c["id"] for c in clauses if c["outcome"] == FAIL or (c["outcome"] == ERROR and not c.get("not_run"))]
     if failed:
         return NOT_CERTIFIED, f"{', '.join(failed)} did not pass" + (f" ({of})" if missing else "")
+    not_run = [c["id"] for c in clauses if c["outcome"] == ERROR and c.get("not_run")]
+    if not_run:
+        return INCOMPLETE, (f"{', '.join(not_run)} could not start: the shares of this machine or of the cluster "
+                            "they wait for stayed held by other work for cluster_share, so they were not judged")
     unjudged = contradicted_not_applicable(clauses)
     if unjudged:
         return INCOMPLETE, "; ".join(unjudged)

@@ -81,6 +81,15 @@ def test_summary_fails_certification_on_any_failed_or_errored_clause(tmp_path):
     assert "| X-1 | pass |" in md and "not applicable" in md
 
 
+def test_a_clause_that_could_not_start_for_a_busy_machine_makes_the_run_incomplete_not_a_failure():
+    busy = {**_row("Y-1", "error", phase="setup", message="SharesNotFree: could not start"), "not_run": True}
+    built = summary.build(_results(_row("X-1"), busy), {})
+    assert built["verdict"] == summary.INCOMPLETE and built["verdict_reason"].startswith("Y-1 could not start")
+    assert {c["id"]: c["outcome"] for c in built["clauses"]}["Y-1"] == summary.ERROR  # the table says it errored
+    failed = summary.build(_results(_row("X-1", "failed", message="boom"), busy), {})
+    assert failed["verdict"] == summary.NOT_CERTIFIED, "a clause that failed still decides"
+
+
 def test_summary_with_no_clauses_is_not_certified():
     assert summary.build(_results(), {})["verdict"] == summary.PARTIAL
     assert summary.build(_results(catalogue=()), {})["verdict"] == summary.CERTIFIED

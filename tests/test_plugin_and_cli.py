@@ -52,6 +52,35 @@ def test_a_run_the_cli_opened_names_the_cluster_as_the_cli_described_it(pytester
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "not a record of an opened cluster" in result.stderr.str()
 
 
+CLAUSE_ON_A_BUSY_MACHINE = '''
+import pytest
+
+from fixtures.sharing import SharesNotFree
+
+@pytest.fixture
+def shares():
+    raise SharesNotFree("could not start, so it was not judged: timed out waiting for 1 of the 2 shares")
+
+@pytest.mark.clause("T-1")
+def test_busy(shares):
+    """The thing MUST work."""
+
+@pytest.mark.clause("T-2")
+def test_broken():
+    """The other thing MUST work."""
+    raise RuntimeError("the platform broke it")
+'''
+
+
+def test_a_clause_that_waited_out_its_shares_is_marked_not_run(pytester):
+    _suite(pytester, CLAUSE_ON_A_BUSY_MACHINE)
+    out = pytester.path / "results.json"
+    pytester.runpytest("conformance", f"--rayproof-results={out}").assert_outcomes(errors=1, failed=1)
+    rows = {r["clause"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["T-1"]["outcome"] == "error" and rows["T-1"]["not_run"] is True
+    assert rows["T-2"]["not_run"] is False
+
+
 CLAUSE_ACROSS_A_CLOCK_STEP = '''
 import time
 
