@@ -215,6 +215,36 @@ def profile_on(api: Any, mutation: Mutation, directory: Path) -> tuple[dict[str,
     return mutation.profile(), lambda: None
 
 
+class InForce:
+    """Each entry's change put on once for all of its rows that run at once,
+    undone when the last of them ends. Undone per row, an onboarding class
+    removed as one clause ended left the next namespace of another clause of
+    the same entry without it (measured: SEC-2 failing "no onboarding class"
+    beside the entry's GCS-2, three rows at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, dict[str, Any], Callable[[], None]]] = {}
+
+    @contextlib.contextmanager
+    def change(self, m: Mutation, put_on: Callable[[], tuple[dict[str, Any], Callable[[], None]]]
+               ) -> Iterator[dict[str, Any]]:
+        """The certification profile that puts ``m`` in force (``put_on`` makes it, the first time)."""
+        with self._lock:
+            count, profile, undo = self._held.get(m.id) or (0, *put_on())
+            self._held[m.id] = (count + 1, profile, undo)
+        try:
+            yield profile
+        finally:
+            with self._lock:
+                count, profile, undo = self._held[m.id]
+                if count == 1:
+                    del self._held[m.id]
+                    undo()
+                else:
+                    self._held[m.id] = (count - 1, profile, undo)
+
+
 @contextlib.contextmanager
 def _platform(name: str, overlay: dict[str, Any], base: dict[str, Any], directory: Path,
               say: Callable[[str], None]) -> Iterator[tuple[Any, Path]]:
@@ -321,17 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     began = time.monotonic()
 
+    in_force = InForce()
+
     def run_row(m: Mutation, clause: str, platform: Any, platform_profile: Path) -> None:
         workdir = out / m.id / clause
-        profile, undo = profile_on(platform.api_client(), m, workdir / "golden")
         t0 = time.monotonic()
-        try:
-            row = run_clause(workdir, tests[clause], profile=profile, platform=platform.name,
-                             platform_profile=platform_profile, bounds=m.bounds, options=clause_options(clause))
-        except (AssertionError, subprocess.TimeoutExpired) as exc:
-            row = {"outcome": "error", "message": f"the clause run did not report: {str(exc)[:800]}"}
-        finally:
-            undo()
+        with in_force.change(m, lambda: profile_on(platform.api_client(), m, workdir / "golden")) as profile:
+            try:
+                row = run_clause(workdir, tests[clause], profile=profile, platform=platform.name,
+                                 platform_profile=platform_profile, bounds=m.bounds, options=clause_options(clause))
+            except (AssertionError, subprocess.TimeoutExpired) as exc:
+                row = {"outcome": "error", "message": f"the clause run did not report: {str(exc)[:800]}"}
         result = {"mutation": m.id, "clause": clause, "verdict": verdict(row, m.expect[clause]),
                   "outcome": row["outcome"], "seconds": round(time.monotonic() - t0, 1),
                   "message": (row.get("message") or "")[:1500], "causes": list(m.expect[clause]),

@@ -208,3 +208,22 @@ def test_resume_needs_a_run_to_go_on_with(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         mutants.main(["--id", "queues-never-preempt", "--resume", str(tmp_path), "--out", str(tmp_path / "o")])
     assert exc.value.code == 2
+
+
+def test_an_entrys_change_is_put_on_once_for_its_rows_at_once_and_undone_after_the_last():
+    entry = mutations.entry("tenants-share-one-cluster-queue")
+    calls: list[str] = []
+
+    def put_on():
+        calls.append("put on")
+        return {"teams": {"namespaceLabels": {"class": "x"}}}, lambda: calls.append("undone")
+
+    in_force = mutants.InForce()
+    with in_force.change(entry, put_on) as first:
+        with in_force.change(entry, put_on) as second:
+            assert first is second and calls == ["put on"]
+        assert calls == ["put on"], "one row ended; the other still uses the change"
+    assert calls == ["put on", "undone"]
+    with in_force.change(entry, put_on):
+        pass
+    assert calls == ["put on", "undone", "put on", "undone"]
