@@ -153,7 +153,8 @@ def run_clause(workdir: Path, test: str, *, profile: dict | None = None, platfor
                               f"{proc.stderr[-2000:]}")
     written = json.loads(results.read_text())
     rows = [r for r in written["results"] if r["nodeid"].endswith(test.split("::")[-1])]
-    interrupted = written.get("exit_status") == INTERRUPTED_EXIT
+    # A Ctrl-C, or a clause that could not start while other work held the machine: no verdict either way.
+    interrupted = written.get("exit_status") == INTERRUPTED_EXIT or bool(rows and rows[-1].get("not_run"))
     assert rows or interrupted, f"no result for {test}:\n{proc.stdout[-3000:]}"
     return {**(rows[-1] if rows else {"outcome": "error"}), "output": proc.stdout, "interrupted": interrupted}
 
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             with (out / ROWS).open("a") as f:
                 f.write(json.dumps({**result, "interrupted": bool(row.get("interrupted"))}) + "\n")
             if row.get("interrupted"):
-                say(f"{m.id} x {clause}: interrupted, not counted ({result['seconds']:.0f} s)")
+                say(f"{m.id} x {clause}: interrupted or could not start, not counted ({result['seconds']:.0f} s)")
                 return
             rows.append(result)
             say(f"[{len(rows)}/{total}] {m.id} x {clause}: {result['verdict']} ({result['outcome']}, "

@@ -302,16 +302,16 @@ def left_the_dead_cluster(status: dict[str, Any], dead_cluster: str) -> bool:
 
 
 def wait_retried_after_head_death(lab: Any, evidence: Any, log: DriverLog, ns: str, name: str,
-                                  before: dict[str, Any], deleted: dict[str, Any]) -> dict[str, Any]:
+                                  before: dict[str, Any], deleted: dict[str, Any]) -> None:
     """Fail-fast: within ``head_loss_settle`` of the head's deletion the RayJob has left the dead cluster (retried
     on a new one, or ended); the seconds that took are recorded. A RayJob left Running on a cluster without a
     head (a submitter that retries against it for half an hour, say) fails here, naming the cluster."""
     dead = before["rayClusterName"]
     with evidence.phase("retry"):
         try:
-            status = wait_for(lambda: status_keeping_log(lab, log, ns, name),
-                              lambda s: left_the_dead_cluster(s, dead), timeout=timeouts.HEAD_LOSS_SETTLE, interval=1,
-                              description=f"RayJob {ns}/{name}: off {dead}, whose head was deleted")
+            wait_for(lambda: status_keeping_log(lab, log, ns, name),
+                     lambda s: left_the_dead_cluster(s, dead), timeout=timeouts.HEAD_LOSS_SETTLE, interval=1,
+                     description=f"RayJob {ns}/{name}: off {dead}, whose head was deleted")
         except WaitTimeout as exc:
             seen = exc.last_value or {}
             raise AssertionError(
@@ -319,7 +319,6 @@ def wait_retried_after_head_death(lab: Any, evidence: Any, log: DriverLog, ns: s
                 f"head's deletion: still {seen.get('jobDeploymentStatus')} on {seen.get('rayClusterName')} "
                 f"(failed attempts {seen.get('failed')}, reason {seen.get('reason')!r})") from None
     evidence.record("left_dead_cluster_after_s", round(time.time() - deleted["deleted_at"], 1))
-    return status
 
 
 def wait_finished_after_head_death(lab: Any, evidence: Any, log: DriverLog, ns: str, name: str) -> dict[str, Any]:
