@@ -121,12 +121,14 @@ def test_teams_sharing_a_queue_get_whole_gangs(lab, evidence) -> None:
     evidence.record("queue_gpus", lab.cluster_queue_gpus())
     with evidence.phase("submit"):
         bodies = {n: lab.create_ray(ns, "rayjobs", hold_job(lab, ns, n, SHORT_HOLD_S)) for n, ns in jobs.items()}
+    gangs = {n: gang_of(b) for n, b in bodies.items()}
     with evidence.phase("run"):
-        wait_for(sampler.sample, lambda s: finished(s, list(jobs)), timeout=THREE_TEAMS_RUN, interval=1,
-                 description="all three teams' RayJobs to finish")
+        # Ends at the first sample that breaks the rules: a gang beyond the quota is not left to run.
+        wait_for(sampler.sample, lambda s: finished(s, list(jobs)) or bool(gang_violations([s], gangs, 2 * gang)),
+                 timeout=THREE_TEAMS_RUN, interval=1,
+                 description="all three teams' RayJobs to finish (or a sample with a partial gang or the quota exceeded)")
     samples = sampler.samples
     evidence.record("samples", compact(samples))
-    gangs = {n: gang_of(b) for n, b in bodies.items()}
     holding = [sum(1 for j in s["jobs"].values() if j["quota"] and not j["finished"]) for s in samples]
     queued = [s["t"] for s in samples
               if sum(1 for j in s["jobs"].values() if j["quota"] and not j["finished"]) == 2
@@ -138,7 +140,7 @@ def test_teams_sharing_a_queue_get_whole_gangs(lab, evidence) -> None:
     evidence.record("outcome", {n: {"jobStatus": j["job"], "deploy": j["deploy"]} for n, j in final.items()})
     violations = gang_violations(samples, gangs, 2 * gang)
     evidence.record("violations", violations[:20])
-    assert not violations, f"partial gangs held ({len(violations)} sampled): {violations[:5]}"
+    assert not violations, f"partial gangs held or the quota exceeded ({len(violations)} sampled): {violations[:5]}"
     assert max(holding) == 2, (
         f"expected two gangs admitted at once on a queue sized for two, saw at most {max(holding)}")
     assert queued, "no sample showed two gangs admitted and the third waiting suspended with no pods"
