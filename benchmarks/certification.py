@@ -8,17 +8,19 @@ prints:
 
 * the wall time and certify's exit status;
 * CPU-seconds used on this machine, by component (control-plane programs,
-  the node agent, each kind of Ray process, pytest);
+  the nodes' kubelet, containerd and the rest of the node layer, each kind of
+  Ray process, pytest);
 * the machine's busy share during the run, and the CPU floor: the busy
   CPU-seconds divided by the cores, the shortest wall time in which this
   machine could do the same work however the clauses were arranged.
 
-With ``--runtimes agent,kubelet`` it certifies the embedded platform once per
-node runtime, one after the other in the same run (each on its own platform,
-``bench-cert-<runtime>``, with the given ``--platform-profile``'s settings
-and ``nodes.runtime`` set; reports under ``--out``/<runtime>), and prints
-``side_by_side``: each run's verdict and clause counts, wall time, busy
-CPU-seconds, and the CPU-seconds of its node layer and of its pods.
+On the embedded platform it also prints ``against_node_agent``: the run's
+verdict and clause counts, wall time, busy CPU-seconds, and the CPU-seconds
+of its node layer and of its pods, beside the same figures of the last
+whole certification on the project's node agent before it retired (issue
+39: :data:`LAST_NODE_AGENT`), and the run's wall time as a multiple of the
+node agent's. (Until then ``--runtimes agent,kubelet`` certified both side
+by side in one run.)
 
 Against an existing cluster only the local share is measured (pytest and the
 runtime tier's local Ray clusters). A process that lives for less than one
@@ -33,13 +35,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
-
-import yaml
 
 from benchmarks import machine
 
@@ -53,10 +52,10 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 COMPONENTS = [
     ("kube-apiserver", "kube-apiserver"), ("kube-controller-manager", "kube-controller-manager"),
     ("kube-scheduler", "kube-scheduler"), ("/etcd", "etcd"), ("kuberay-operator", "kuberay-operator"),
-    ("kueue", "kueue"), ("clusters.embedded.nodeagent.provisioner", "volume provisioner"),
-    ("clusters.embedded.nodeagent", "node agent"), ("clusters.embedded.podnet", "pod network"),
-    # The real nodes (nodes.runtime: kubelet): per node kubelet, containerd (its shims apart), kube-proxy,
-    # kube-router and the fake GPU plugin; once for all of them the registry and the relay.
+    ("kueue", "kueue"), ("clusters.embedded.nodes.provisioner", "volume provisioner"),
+    ("clusters.embedded.podnet", "pod network"),
+    # The nodes: per node kubelet, containerd (its shims apart), kube-proxy, kube-router and the fake GPU
+    # plugin; once for all of them the registry and the relay.
     ("/kubelet", "kubelet"), ("containerd-shim", "containerd shims"), ("/containerd", "containerd"),
     ("/kube-proxy", "kube-proxy"), ("/kube-router", "kube-router (NetworkPolicy)"),
     ("/fakegpu", "fake GPU device plugin"), ("/registry", "node image registry"),
@@ -109,11 +108,10 @@ def component_of(cmdline: str, name: str) -> str:
 
 # Where a process was started from: its nearest ancestor that is one of these
 # (by program), else "elsewhere" (the control plane, the operators, pytest's
-# controller). A pod's processes descend from the node agent; the runtime
+# controller). A pod's processes descend from its containerd shim; the runtime
 # tier's local Ray clusters and drivers from the xdist workers.
-ORIGINS = [("clusters.embedded.nodeagent run", "Kubernetes pods (node agent)"),
-           ("sys.stdin.readline()", "test workers (the runtime tier's local Ray clusters, drivers)"),
-           ("containerd-shim", "Kubernetes pods (real nodes: containerd's shims)")]
+ORIGINS = [("sys.stdin.readline()", "test workers (the runtime tier's local Ray clusters, drivers)"),
+           ("containerd-shim", "Kubernetes pods (containerd's shims)")]
 ELSEWHERE = "elsewhere (control plane, operators, test processes themselves)"
 
 
@@ -241,48 +239,38 @@ def run(certify_args: list[str]) -> dict:
     }
 
 
-RUNTIMES = ("agent", "kubelet")
-# What runs the nodes, for either runtime: the components that are neither the
-# control plane and operators nor Ray, pytest or the pods' own programs.
-NODE_LAYER = ("node agent", "pod network", "volume provisioner", "kubelet", "containerd shims", "containerd",
+# What runs the nodes: the components that are neither the control plane and
+# operators nor Ray, pytest or the pods' own programs.
+NODE_LAYER = ("pod network", "volume provisioner", "kubelet", "containerd shims", "containerd",
               "kube-proxy", "kube-router (NetworkPolicy)", "fake GPU device plugin", "node image registry", "node relay",
               "node registry slow path", "node OOM group")
 PODS = tuple(origin for _, origin in ORIGINS if origin.startswith("Kubernetes pods"))
+# The last whole certification on the project's node agent before it retired
+# (issue 39): `bench certification --runtimes agent,kubelet` on 2026-12-05, four
+# nodes, the default profile, nothing else running (docs/measurements.md, "Whole
+# certifications per node runtime"). Its node layer was the node agent (21.9
+# CPU-s) and the pod network (4.5); its pods' processes descended from the agent.
+LAST_NODE_AGENT: dict[str, Any] = {
+    "measured": "2026-12-05, bench certification --runtimes agent,kubelet, four nodes, default profile",
+    "verdict": "CERTIFIED", "counts": {"passed": 16, "not applicable": 1},
+    "wall_s": 1354, "machine_busy_cpu_s": 1276, "node_layer_cpu_s": 26.4, "pods_cpu_s": 861.0,
+}
 
 
-def runtime_runs(argv: list[str], workdir: Path) -> tuple[list[str], dict[str, tuple[list[str], Path | None]]]:
-    """Parse ``--runtimes`` out of the benchmark's options: the runtimes (empty:
-    one plain certify run of ``argv``), and per runtime certify's options for a
-    run of its own platform with ``nodes.runtime`` set over the given profile,
-    with the directory its report goes to (None: certify's default)."""
+def embedded(argv: list[str]) -> bool:
+    """Whether certify's options ``argv`` certify the embedded platform (no ``--kubeconfig``)."""
     parser = argparse.ArgumentParser(prog="rayproof bench certification", add_help=False)
-    parser.add_argument("--runtimes", default="")
-    for option in ("--platform-profile", "--platform-name", "--out", "--kubeconfig"):
-        parser.add_argument(option)
-    known, rest = parser.parse_known_args(argv)
-    if not known.runtimes:
-        return [], {"": (list(argv), Path(known.out) if known.out else None)}
-    runtimes = [r.strip() for r in known.runtimes.split(",") if r.strip()]
-    unknown = sorted(set(runtimes) - set(RUNTIMES))
-    if unknown or len(set(runtimes)) != len(runtimes):
-        raise ValueError(f"--runtimes {known.runtimes!r}: name each of {', '.join(RUNTIMES)} at most once")
-    if known.kubeconfig or known.platform_name:
-        raise ValueError("--runtimes certifies embedded platforms of its own (bench-cert-<runtime>); it takes "
-                         "no --kubeconfig or --platform-name")
-    base: dict[str, Any] = {}
-    if known.platform_profile:
-        base = yaml.safe_load(Path(known.platform_profile).read_text()) or {}
-        if not isinstance(base, dict):
-            raise ValueError(f"--platform-profile {known.platform_profile}: not a mapping")
-    out = Path(known.out) if known.out else workdir
-    runs = {}
-    for runtime in runtimes:
-        profile = {**base, "nodes": {**(base.get("nodes") or {}), "runtime": runtime}}
-        path = workdir / f"platform-profile-{runtime}.yaml"
-        path.write_text(yaml.safe_dump(profile, sort_keys=False))
-        runs[runtime] = ([*rest, "--platform-name", f"bench-cert-{runtime}", "--platform-profile", str(path),
-                          "--out", str(out / runtime)], out / runtime)
-    return runtimes, runs
+    parser.add_argument("--kubeconfig")
+    known, _ = parser.parse_known_args(argv)
+    return not known.kubeconfig
+
+
+def out_dir(argv: list[str]) -> Path | None:
+    """The directory certify's report goes to (None: certify's default)."""
+    parser = argparse.ArgumentParser(prog="rayproof bench certification", add_help=False)
+    parser.add_argument("--out")
+    known, _ = parser.parse_known_args(argv)
+    return Path(known.out) if known.out else None
 
 
 def outcome(out: Path | None) -> dict[str, Any]:
@@ -295,46 +283,42 @@ def outcome(out: Path | None) -> dict[str, Any]:
             "counts": summary.get("counts"), "certificate": str(certificate)}
 
 
-def side_by_side(figures: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per runtime, the figures to set side by side."""
-    rows = {}
-    for runtime, f in figures.items():
-        components = f["cpu_s_by_component"]
-        rows[runtime] = {
-            "verdict": f["outcome"].get("verdict"), "counts": f["outcome"].get("counts"),
-            "wall_s": f["wall_s"], "machine_busy_cpu_s": f["machine_busy_cpu_s"],
-            "node_layer_cpu_s": round(sum(components.get(c, 0.0) for c in NODE_LAYER), 1),
-            "pods_cpu_s": round(sum(f["cpu_s_by_origin"].get(o, 0.0) for o in PODS), 1),
-        }
-    return rows
+def summary(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a run to set beside the node agent's last (:data:`LAST_NODE_AGENT`)."""
+    components = figures["cpu_s_by_component"]
+    return {
+        "verdict": figures["outcome"].get("verdict"), "counts": figures["outcome"].get("counts"),
+        "wall_s": figures["wall_s"], "machine_busy_cpu_s": figures["machine_busy_cpu_s"],
+        "node_layer_cpu_s": round(sum(components.get(c, 0.0) for c in NODE_LAYER), 1),
+        "pods_cpu_s": round(sum(figures["cpu_s_by_origin"].get(o, 0.0) for o in PODS), 1),
+    }
+
+
+def against_node_agent(figures: dict[str, Any]) -> dict[str, Any]:
+    """This run beside the node agent's last whole certification, and its wall time and busy CPU as
+    multiples of the node agent's (issue 39 asks the wall time to come within 1.5 times)."""
+    mine = summary(figures)
+    return {"node agent (retired; its last figures)": LAST_NODE_AGENT, "this run": mine,
+            "wall_s_ratio": round(mine["wall_s"] / LAST_NODE_AGENT["wall_s"], 2),
+            "machine_busy_cpu_s_ratio": round(mine["machine_busy_cpu_s"] / LAST_NODE_AGENT["machine_busy_cpu_s"], 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
-    with tempfile.TemporaryDirectory(prefix="rayproof-bench-cert-") as tmp:
-        try:
-            runtimes, runs = runtime_runs(argv, Path(tmp))
-        except (ValueError, OSError, yaml.YAMLError) as exc:
-            print(f"rayproof bench certification: {exc}", file=sys.stderr)
-            return 2
-        figures = {}
-        for runtime, (certify_args, out) in runs.items():
-            if runtime:
-                print(f"rayproof bench: certifying on nodes.runtime {runtime}: rayproof certify "
-                      f"{' '.join(certify_args)}", file=sys.stderr, flush=True)
-            figures[runtime] = {**run(certify_args), "outcome": outcome(out)}
-    report: dict[str, Any] = {"benchmark": "certification", "certify_args": argv, "machine": machine()}
-    if runtimes:
-        report.update(runtimes=figures, side_by_side=side_by_side(figures))
-    else:
-        report["figures"] = figures[""]
+    if "--runtimes" in argv or any(a.startswith("--runtimes=") for a in argv):
+        print("rayproof bench certification: --runtimes is gone with the node agent (issue 39); every run "
+              "certifies the nodes' kubelet and prints them against the node agent's last figures", file=sys.stderr)
+        return 2
+    figures = {**run(argv), "outcome": outcome(out_dir(argv))}
+    report: dict[str, Any] = {"benchmark": "certification", "certify_args": argv, "machine": machine(),
+                              "figures": figures}
+    if embedded(argv):
+        report["against_node_agent"] = against_node_agent(figures)
     print(json.dumps(report, indent=2))
-    failed = {runtime or "certify": f["certify_exit_status"] for runtime, f in figures.items()
-              if f["certify_exit_status"] != 0}
-    if failed:
-        print(f"rayproof bench: certify exited {failed}; the figures cover a run that did not certify",
-              file=sys.stderr)
-    return next(iter(failed.values()), 0)
+    if figures["certify_exit_status"] != 0:
+        print(f"rayproof bench: certify exited {figures['certify_exit_status']}; the figures cover a run that did "
+              "not certify", file=sys.stderr)
+    return int(figures["certify_exit_status"])
 
 
 if __name__ == "__main__":

@@ -1,35 +1,33 @@
 """What the embedded platform's node layer costs: warm ``up``, idle CPU and memory, ``down``.
 
-Run with ``bin/rayproof bench nodes [--runtime agent|kubelet ...] [--runs N]
-[--idle-s S]``. It measures each node runtime of the profile's
-``nodes.runtime`` (default both, one after the other, so that the project's
-node agent and the real kubelet nodes that replace it (issue 14) are set side
-by side in one run on one machine). For each it brings up its own platform
-(``bench-nodes``, never ``default``) ``N`` times (default 3), and for each run
-prints:
+Run with ``bin/rayproof bench nodes [--runs N] [--idle-s S]``. It brings up
+a platform of its own (``bench-nodes``, never ``default``) ``N`` times
+(default 3), and for each run prints:
 
 * ``up_s``: the wall time of a warm ``up`` (binaries already built; a build,
   if one was needed, happens once before the runs and is printed apart;
-  the real nodes' pre-pull of the Ray image, ``nodes.prepullImages``, is
-  left out, so the pull is measured on its own below);
+  the nodes' pre-pull of the Ray image, ``nodes.prepullImages``, is left
+  out, so the pull is measured on its own below);
 * the CPU-seconds every platform process (with what it started) used while
   the platform sat idle for ``S`` seconds (default 60), as a share of one
-  core, and the node layer's sum (the node agents and the pod network);
+  core, and the node layer's sum (kubelet, containerd, kube-proxy and
+  kube-router of every node, the registry, the relay and the pod network);
 * their resident memory (with what they started) at the end of that window;
 * ``down_s``, and what ``down`` left on this machine that the suite makes
   (network namespaces, cgroups, mounts): every count should be zero;
-* for the real nodes, ``ray_image``: what building the Ray image took (once
+* ``ray_image``: what building the Ray image took (once
   per version, from its record), then, after the idle window, every node
   pulling it at once: kubelet's pull time per node, the wall time until each
   ran a pod of it, the disk each node's containerd holds, and the disk all
   of them hold together, before and after the nodes' unpacked copies are
   shared (``nodes/sharedlayers.py``, as ``up`` does after its pre-pull).
 
-``side_by_side`` gives each runtime's median of those figures, and
-``node_layer_build_s`` the seconds each node-layer binary took when the
-platform's binaries were built (from the build's record, so also when they
-were cached: what a cold build adds for the real nodes, less what a warm Go
-build cache saved it then).
+``side_by_side`` gives the median of those figures beside the project's
+node agent's, measured the same way before it retired (issue 39:
+:data:`LAST_NODE_AGENT`), and ``node_layer_build_s`` the seconds each
+node-layer binary took when the platform's binaries were built (from the
+build's record, so also when they were cached: what a cold build adds for
+the nodes, less what a warm Go build cache saved it then).
 
 It asserts nothing about time. Other work on the machine shows in the
 figures: run it on a quiet machine and read ``machine.load_average``.
@@ -55,21 +53,23 @@ from benchmarks import machine
 from chaos.straggler import pull_seconds
 
 PLATFORM_NAME = "bench-nodes"
-RUNTIMES = ("agent", "kubelet")
-DESCRIPTIONS = {
-    "agent": "node agent and pod network (Python)",
-    "kubelet": "upstream kubelet, containerd, runc, kube-proxy and kube-router per node; CoreDNS pods; the pod "
-               "network's router (Python)",
+DESCRIPTION = ("upstream kubelet, containerd, runc, kube-proxy and kube-router per node; CoreDNS pods; the pod "
+               "network's router (Python)")
+# The project's node agent (one Python process for every node, with the pod
+# network's DNS, Service rules and node ports), retired in issue 39: its
+# medians of SIDE_BY_SIDE in its last `bench nodes` (2026-12-04, 3 runs, 60 s
+# windows, four nodes, nothing else running), to set the nodes' beside.
+LAST_NODE_AGENT: dict[str, Any] = {
+    "measured": "2026-12-04, bench nodes, 3 runs, 60 s idle windows, four nodes, medians",
+    "up_s": 19.9, "idle_core_share_node_layer": 0.004, "idle_cpu_s_platform": 3.4, "rss_mib_node_layer": 128,
+    "down_s": 13.6,
 }
-# The node layer: what real kubelet nodes replace (kubelet, containerd and
-# runc; the CNI plugins, kube-proxy, cluster DNS and the policy engine).
-NODE_LAYER = ("nodeagent", "podnet")
+NODE_AGENT_COLUMN = "node agent (retired; its last figures)"
+NODES_COLUMN = "kubelet"
 
 
-def node_layer(runtime: str, names: Iterable[str]) -> list[str]:
-    """Which of the platform's processes are its node layer, for ``runtime``."""
-    if runtime == "agent":
-        return [n for n in NODE_LAYER if n in names]
+def node_layer(names: Iterable[str]) -> list[str]:
+    """Which of the platform's processes are its node layer."""
     from clusters.embedded.nodes.layer import PER_NODE_KINDS, POLICY_ENGINE_KIND
 
     return [n for n in names if n in ("podnet", "relay", "registry")
@@ -111,7 +111,7 @@ def idle_cpu(pids: dict[str, int], idle_s: float) -> dict[str, float]:
     return {name: round(max(0.0, after[name] - before[name]), 2) for name in pids}
 
 
-def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str] = NODE_LAYER) -> dict[str, Any]:
+def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str]) -> dict[str, Any]:
     layer = [name for name in node_layer if name in cpu_s]
     layer_s = sum(cpu_s[name] for name in layer)
     return {
@@ -125,7 +125,7 @@ def summarize(cpu_s: dict[str, float], idle_s: float, node_layer: Iterable[str] 
 
 
 def ray_image_first_pull(platform: Any) -> dict[str, Any]:
-    """Every real node pulls the Ray image at once (a pod each, which runs ``true``): kubelet's pull
+    """Every node pulls the Ray image at once (a pod each, which runs ``true``): kubelet's pull
     time per node, the wall time until every pod ran, and the disk each node's containerd holds then."""
     import subprocess
 
@@ -172,20 +172,19 @@ def ray_image_first_pull(platform: Any) -> dict[str, Any]:
             "share_layers_s": round(time.monotonic() - began, 1)}
 
 
-def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, Any]:
+def one_run(platform: Any, idle_s: float) -> dict[str, Any]:
     before = benchmarks.host_leftovers()
     began = time.monotonic()
     try:  # down also after an up that failed or was interrupted (up keeps its run directory then)
         platform.up()
         up_s = time.monotonic() - began
         pids = {rec.name: rec.pid for rec in platform.supervisor.records() if rec.identity_ok()}
-        layer = node_layer(runtime, pids)
+        layer = node_layer(pids)
         row: dict[str, Any] = {"up_s": round(up_s, 1), **summarize(idle_cpu(pids, idle_s), idle_s, layer)}
         rss = tree_rss_mib(pids)
         row["rss_mib_by_process"] = dict(sorted(rss.items()))
         row["rss_mib_node_layer"] = sum(mib for name, mib in rss.items() if name in layer)
-        if runtime == "kubelet":  # after the idle window, so up and idle compare with the node agent's
-            row["ray_image"] = ray_image_first_pull(platform)
+        row["ray_image"] = ray_image_first_pull(platform)  # after the idle window, so that up and idle leave it out
     finally:
         began = time.monotonic()
         platform.down()
@@ -197,14 +196,13 @@ def one_run(platform: Any, idle_s: float, runtime: str = "agent") -> dict[str, A
 SIDE_BY_SIDE = ("up_s", "idle_core_share_node_layer", "idle_cpu_s_platform", "rss_mib_node_layer", "down_s")
 
 
-def side_by_side(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Each figure of ``SIDE_BY_SIDE``: its median over each runtime's finished runs."""
+def side_by_side(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each figure of ``SIDE_BY_SIDE``: the node agent's last median beside the median of the finished ``runs``."""
     out: dict[str, dict[str, float | None]] = {}
     for figure in SIDE_BY_SIDE:
-        out[figure] = {}
-        for runtime, result in results.items():
-            values = [row[figure] for row in result["runs"] if row.get(figure) is not None]
-            out[figure][runtime] = statistics.median(values) if values else None
+        values = [row[figure] for row in runs if row.get(figure) is not None]
+        out[figure] = {NODE_AGENT_COLUMN: LAST_NODE_AGENT[figure],
+                       NODES_COLUMN: statistics.median(values) if values else None}
     return out
 
 
@@ -224,8 +222,6 @@ def node_layer_build_s(binaries: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rayproof bench nodes", description=__doc__.split("\n")[0])
-    parser.add_argument("--runtime", action="append", choices=RUNTIMES,
-                        help="a node runtime to measure (repeatable; default: both)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=60.0, help="the idle window measured in each run")
     args = parser.parse_args(argv)
@@ -236,35 +232,27 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"rayproof bench: {message}", file=sys.stderr, flush=True)
 
-    runtimes = list(dict.fromkeys(args.runtime or RUNTIMES))
-    platforms = {r: EmbeddedPlatform(PLATFORM_NAME, profile={"nodes": {"runtime": r, "prepullImages": []}},
-                                     progress=say)
-                 for r in runtimes}
-    first = platforms[runtimes[0]]
-    first.down()  # a bench interrupted earlier left its platform: start from nothing
+    platform = EmbeddedPlatform(PLATFORM_NAME, profile={"nodes": {"prepullImages": []}}, progress=say)
+    platform.down()  # a bench interrupted earlier left its platform: start from nothing
     began = time.monotonic()
-    binaries = first.binaries()  # builds what the pinned versions need, once, outside the timed runs
+    binaries = platform.binaries()  # builds what the pinned versions need, once, outside the timed runs
     build_s = round(time.monotonic() - began, 1)
-    results: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
     interrupted = False
     try:
-        for runtime in runtimes:
-            rows: list[dict[str, Any]] = []
-            results[runtime] = {"node_layer": DESCRIPTIONS[runtime], "runs_finished": 0, "runs": rows}
-            for index in range(args.runs):
-                row = one_run(platforms[runtime], args.idle_s, runtime)
-                say(f"{runtime} run {index}: up {row['up_s']} s, node layer idle "
-                    f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s")
-                rows.append(row)
-                results[runtime]["runs_finished"] = len(rows)
+        for index in range(args.runs):
+            row = one_run(platform, args.idle_s)
+            say(f"run {index}: up {row['up_s']} s, node layer idle "
+                f"{row['idle_core_share_node_layer']:.1%} of a core, down {row['down_s']} s")
+            rows.append(row)
     except KeyboardInterrupt:  # the platform is down (one_run's finally); keep the finished runs' figures
         interrupted = True
         say("interrupted; the figures below are of the runs that finished")
-    left = sum(len(items) for result in results.values() for row in result["runs"]
-               for items in row["left_after_down"].values())
+    left = sum(len(items) for row in rows for items in row["left_after_down"].values())
     print(json.dumps({"benchmark": "nodes", "machine": machine(), "build_s": build_s,
-                      "node_layer_build_s": node_layer_build_s(binaries), "side_by_side": side_by_side(results),
-                      "runtimes": results}, indent=2))
+                      "node_layer_build_s": node_layer_build_s(binaries), "side_by_side": side_by_side(rows),
+                      "node_agent_measured": LAST_NODE_AGENT["measured"], "node_layer": DESCRIPTION,
+                      "runs_finished": len(rows), "runs": rows}, indent=2))
     return 130 if interrupted else 1 if left else 0
 
 

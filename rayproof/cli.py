@@ -731,8 +731,8 @@ def main(argv: list[str] | None = None) -> int:
                         "memory; mutants: the kill matrix of the mutation catalogue (each one-change broken "
                         "reference platform against the clauses it must fail)")
     p.add_argument("options", nargs=argparse.REMAINDER,
-                   help="certification: certify's options (-k, --kubeconfig, --profile, ...), or with --runtimes "
-                        "agent,kubelet those of an embedded certification per node runtime, side by side; "
+                   help="certification: certify's options (-k, --kubeconfig, --profile, ...); on the embedded "
+                        "platform it also sets the run beside the retired node agent's last certification; "
                         "interruptions: --runs N, --seed S, -k EXPR; nodes: --runs N, --idle-s S; mutants: "
                         "--clause ID, --id ENTRY, --platform-profile FILE, --out DIR")
     p.set_defaults(func=cmd_bench)

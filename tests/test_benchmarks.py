@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ def test_components_are_told_apart_by_command_line():
     cases = {
         ("/root/.cache/rayproof/bin/abc/kube-apiserver --etcd-servers=http://127.0.0.1:2379", "kube-apiserver"):
             "kube-apiserver",
-        (f"{VENV} -m clusters.embedded.nodeagent run --kubeconfig k", "python3"): "node agent",
+        (f"{VENV} -m clusters.embedded.podnet run --kubeconfig k", "python3"): "pod network",
         (f"{VENV} {SITE}/../../bin/ray start --block --head", "ray"): "ray: `ray start`",
         (f"{VENV} /root/.cache/rayproof/venv-x/bin/ray job submit --address http://h:8265 -- python x.py", "ray"):
             "ray: `ray job` (RayJob submitters)",
@@ -52,7 +51,7 @@ def test_components_are_told_apart_by_command_line():
         ("/usr/bin/redis-server 0.0.0.0:6379", "redis-server"): "redis (GCS fault tolerance)",
         ("/usr/bin/python3 /tmp/x.py", "python3"): "python (other)",
         ("/usr/sbin/sshd -D", "sshd"): "other",
-        # The real nodes' programs (nodes.runtime: kubelet), from the build's bin directory.
+        # The nodes' programs, from the build's bin directory.
         (f"{BIN}/kubelet --config /r/nodes/n1/kubelet.yaml --kubeconfig k", "kubelet"): "kubelet",
         (f"{BIN}/containerd --config /r/nodes/n1/containerd.toml", "containerd"): "containerd",
         (f"{BIN}/containerd-shim-runc-v2 -namespace k8s.io -id 0123 -address /run/containerd/containerd.sock",
@@ -61,7 +60,7 @@ def test_components_are_told_apart_by_command_line():
         (f"{BIN}/registry serve /r/registry.yml", "registry"): "node image registry",
         (f"{BIN}/fakegpu --count 8 --id-prefix rayproof-node-1-", "fakegpu"): "fake GPU device plugin",
         (f"{VENV} -m clusters.embedded.nodes.relay --ready /r/relay.ready", "python3"): "node relay",
-        (f"{VENV} -m clusters.embedded.nodeagent.provisioner --kubeconfig k", "python3"): "volume provisioner",
+        (f"{VENV} -m clusters.embedded.nodes.provisioner --kubeconfig k", "python3"): "volume provisioner",
         (f"{VENV} -m clusters.embedded.nodes.oomgroup --ctr {BIN}/ctr --address s", "python3"): "node OOM group",
         (f"{BIN}/ctr --address /run/containerd/containerd.sock events", "ctr"): "node OOM group",
         # A pod's Ray on a real node runs the image's Python, not the venv's.
@@ -129,58 +128,32 @@ def test_cpu_of_what_a_test_worker_starts_is_placed_under_the_test_workers():
     finally:
         if worker.poll() is None:
             worker.kill()
-    placed = cpu.by_origin().get(ORIGINS[1][1], 0.0)
+    placed = cpu.by_origin().get(ORIGINS[0][1], 0.0)
     assert placed >= 0.5, cpu.by_origin()
 
 
-def test_runtimes_certify_each_node_runtime_on_a_platform_of_its_own_with_the_given_profile(tmp_path):
-    import yaml
-
-    from benchmarks.certification import runtime_runs
-
-    given = tmp_path / "given.yaml"
-    given.write_text("nodes:\n  count: 2\n  runtime: agent\n")
-    runtimes, runs = runtime_runs(["--runtimes", "agent,kubelet", "-k", "SEC-1", "--platform-profile", str(given),
-                                   "--out", str(tmp_path / "reports")], tmp_path)
-    assert runtimes == ["agent", "kubelet"]
-    for runtime in runtimes:
-        args, out = runs[runtime]
-        assert out == tmp_path / "reports" / runtime
-        option = dict(zip(args[2::2], args[3::2]))
-        assert args[:2] == ["-k", "SEC-1"]
-        assert option["--platform-name"] == f"bench-cert-{runtime}"
-        assert option["--out"] == str(tmp_path / "reports" / runtime)
-        # The given profile's settings stay; only what runs the nodes differs.
-        assert yaml.safe_load(Path(option["--platform-profile"]).read_text()) == {
-            "nodes": {"count": 2, "runtime": runtime}}
-    assert runtime_runs(["-k", "SEC-1"], tmp_path) == ([], {"": (["-k", "SEC-1"], None)})  # without it: one plain run
-    assert runtime_runs(["--out", "r"], tmp_path) == ([], {"": (["--out", "r"], Path("r"))})
-
-
-@pytest.mark.parametrize("argv", [["--runtimes", "agent,docker"], ["--runtimes", "agent,agent"],
-                                  ["--runtimes", "kubelet", "--kubeconfig", "k"],
-                                  ["--runtimes", "kubelet", "--platform-name", "mine"]])
-def test_runtimes_refuse_what_they_cannot_run(argv, tmp_path, capsys):
+@pytest.mark.parametrize("argv", [["--runtimes", "agent,kubelet"], ["-k", "SEC-1", "--runtimes=kubelet"]])
+def test_runtimes_are_gone_with_the_node_agent(argv, capsys):
     from benchmarks import certification
 
     assert certification.main(argv) == 2
-    assert "--runtimes" in capsys.readouterr().err
+    assert "--runtimes is gone with the node agent" in capsys.readouterr().err
 
 
-def test_side_by_side_sums_each_runtimes_node_layer_and_pods():
-    from benchmarks.certification import side_by_side
+def test_a_run_is_set_beside_the_node_agents_last_certification(tmp_path):
+    from benchmarks.certification import LAST_NODE_AGENT, against_node_agent, embedded, out_dir
 
-    def figures(components, origins, verdict):
-        return {"wall_s": 10, "machine_busy_cpu_s": 15, "cpu_s_by_component": components, "cpu_s_by_origin": origins,
-                "outcome": {"verdict": verdict, "counts": {"passed": 1}}}
-    rows = side_by_side({
-        "agent": figures({"node agent": 3.0, "pod network": 1.5, "kube-apiserver": 9.0},
-                         {ORIGINS[0][1]: 4.0, ORIGINS[1][1]: 2.0}, "CERTIFIED"),
-        "kubelet": figures({"kubelet": 2.0, "containerd": 1.0, "containerd shims": 0.5, "node relay": 0.5,
-                            "ray: raylet": 7.0}, {ORIGINS[2][1]: 6.0}, "NOT CERTIFIED")})
-    assert rows["agent"] == {"verdict": "CERTIFIED", "counts": {"passed": 1}, "wall_s": 10, "machine_busy_cpu_s": 15,
-                             "node_layer_cpu_s": 4.5, "pods_cpu_s": 4.0}
-    assert rows["kubelet"]["node_layer_cpu_s"] == 4.0 and rows["kubelet"]["pods_cpu_s"] == 6.0
+    figures = {"wall_s": 2031, "machine_busy_cpu_s": 2552, "outcome": {"verdict": "CERTIFIED", "counts": {"passed": 16}},
+               "cpu_s_by_component": {"kubelet": 2.0, "containerd": 1.0, "containerd shims": 0.5, "node relay": 0.5,
+                                      "ray: raylet": 7.0, "kube-apiserver": 9.0},
+               "cpu_s_by_origin": {ORIGINS[1][1]: 6.0, ORIGINS[0][1]: 2.0}}
+    compared = against_node_agent(figures)
+    assert compared["this run"] == {"verdict": "CERTIFIED", "counts": {"passed": 16}, "wall_s": 2031,
+                                    "machine_busy_cpu_s": 2552, "node_layer_cpu_s": 4.0, "pods_cpu_s": 6.0}
+    assert compared["node agent (retired; its last figures)"] is LAST_NODE_AGENT
+    assert compared["wall_s_ratio"] == 1.5 and compared["machine_busy_cpu_s_ratio"] == 2.0
+    assert embedded(["-k", "SEC-1"]) and not embedded(["--kubeconfig", "k"])
+    assert out_dir(["--out", str(tmp_path)]) == tmp_path and out_dir(["-k", "SEC-1"]) is None
 
 
 def test_an_interrupted_interruptions_bench_keeps_the_figures_of_the_runs_that_finished(monkeypatch, tmp_path, capsys):
@@ -239,33 +212,34 @@ def test_the_nodes_bench_counts_what_a_node_layer_process_started_and_sums_only_
 
     tree = _burning_tree(0.5)
     try:
-        pids = {"nodeagent": tree.pid, "kube-apiserver": tree.pid}
+        pids = {"kubelet-1": tree.pid, "kube-apiserver": tree.pid}
         before = tree_cpu_s(pids)
         assert tree.stdout.readline().strip() == "burnt"
         used = {name: after - before[name] for name, after in tree_cpu_s(pids).items()}
     finally:
         tree.stdin.close()
         tree.wait(timeout=30)
-    assert used["nodeagent"] >= 0.4, used  # the child's CPU counts under the process that started it
-    figures = summarize({"nodeagent": 1.0, "podnet": 0.5, "kube-apiserver": 4.0}, idle_s=10.0)
+    assert used["kubelet-1"] >= 0.4, used  # the child's CPU counts under the process that started it
+    figures = summarize({"kubelet-1": 1.0, "podnet": 0.5, "kube-apiserver": 4.0}, idle_s=10.0,
+                        node_layer=["kubelet-1", "podnet"])
     assert figures["idle_cpu_s_node_layer"] == 1.5
     assert figures["idle_core_share_node_layer"] == 0.15
     assert figures["idle_cpu_s_platform"] == 5.5
     assert tree_cpu_s({"gone": tree.pid}) == {"gone": 0.0}
 
 
-def test_the_nodes_bench_sets_each_runtimes_node_layer_side_by_side():
-    from benchmarks.nodes import node_layer, side_by_side
+def test_the_nodes_bench_sets_the_node_layer_beside_the_retired_node_agents_last_figures():
+    from benchmarks.nodes import LAST_NODE_AGENT, NODE_AGENT_COLUMN, SIDE_BY_SIDE, node_layer, side_by_side
 
     names = ["etcd", "kube-apiserver", "podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
              "kubelet-2", "kube-router-1", "onboarding", "kueue"]
-    assert node_layer("kubelet", names) == ["podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
-                                            "kubelet-2", "kube-router-1"]
-    assert node_layer("agent", ["nodeagent", "podnet", "kueue"]) == ["nodeagent", "podnet"]
-    table = side_by_side({"agent": {"runs": [{"up_s": 20.0}, {"up_s": 22.0}, {"up_s": 19.0}]},
-                          "kubelet": {"runs": [{"up_s": 25.0, "down_s": 9.0}]}})
-    assert table["up_s"] == {"agent": 20.0, "kubelet": 25.0}
-    assert table["down_s"] == {"agent": None, "kubelet": 9.0}
+    assert node_layer(names) == ["podnet", "registry", "relay", "containerd-1", "kubelet-1", "containerd-2",
+                                 "kubelet-2", "kube-router-1"]
+    table = side_by_side([{"up_s": 25.0, "down_s": 9.0}, {"up_s": 35.0}, {"up_s": 30.0}])
+    assert table["up_s"] == {NODE_AGENT_COLUMN: 19.9, "kubelet": 30.0}
+    assert table["down_s"] == {NODE_AGENT_COLUMN: 13.6, "kubelet": 9.0}
+    assert side_by_side([])["rss_mib_node_layer"] == {NODE_AGENT_COLUMN: 128, "kubelet": None}
+    assert set(SIDE_BY_SIDE) <= set(LAST_NODE_AGENT), "every figure has the node agent's beside it"
 
 
 def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(monkeypatch, capsys):
@@ -279,7 +253,7 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
     leftovers = {"network namespaces": set(), "cgroups": set(), "mounts": set()}
 
     class Record:
-        name, pid = "nodeagent", os.getpid()
+        name, pid = "kubelet-1", os.getpid()
 
         def identity_ok(self) -> bool:
             return True
@@ -305,11 +279,13 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
 
     monkeypatch.setattr(platform, "EmbeddedPlatform", Platform)
     monkeypatch.setattr(benchmarks, "host_leftovers", lambda: {k: set(v) for k, v in leftovers.items()})
-    assert nodes.main(["--runtime", "agent", "--runs", "2", "--idle-s", "0.01"]) == 1
-    assert calls == ["down", "build", "up", "down", "up", "down"]
+    monkeypatch.setattr(nodes, "ray_image_first_pull", lambda p: (calls.append("pull"), {"image": "ray"})[1])
+    assert nodes.main(["--runs", "2", "--idle-s", "0.01"]) == 1
+    assert calls == ["down", "build", "up", "pull", "down", "up", "pull", "down"]
     report = json.loads(capsys.readouterr().out)
-    first, second = report["runtimes"]["agent"]["runs"]
-    assert first["rss_mib_node_layer"] == first["rss_mib_by_process"]["nodeagent"] > 0  # this process, measured
+    first, second = report["runs"]
+    assert first["rss_mib_node_layer"] == first["rss_mib_by_process"]["kubelet-1"] > 0  # this process, measured
+    assert first["ray_image"] == {"image": "ray"}
     assert first["left_after_down"]["cgroups"] == []
     assert second["left_after_down"]["cgroups"] == ["/sys/fs/cgroup/memory/rayproof-left"]
 
@@ -324,6 +300,6 @@ def test_the_nodes_bench_takes_its_platform_down_and_fails_on_what_down_left(mon
     calls.clear()
     leftovers["cgroups"].clear()
     monkeypatch.setattr(Platform, "up", interrupted_up)
-    assert nodes.main(["--runtime", "agent", "--runs", "3", "--idle-s", "0.01"]) == 130
-    assert calls == ["down", "build", "up", "down", "up", "down"]
-    assert json.loads(capsys.readouterr().out)["runtimes"]["agent"]["runs_finished"] == 1
+    assert nodes.main(["--runs", "3", "--idle-s", "0.01"]) == 130
+    assert calls == ["down", "build", "up", "pull", "down", "up", "down"]
+    assert json.loads(capsys.readouterr().out)["runs_finished"] == 1

@@ -284,7 +284,7 @@ def _nodes(count: int, cpu: str, memory: str = "16Gi", gpus: str = "8") -> objec
 
 
 @pytest.mark.parametrize("cpu, gangs", [
-    ("4", 2),  # the node agent's shape: a worker beside a head and a submitter on every node
+    ("4", 2),  # the profile's shape on a machine of 4 cores or more: a worker beside a head and a submitter
     ("2", 1),  # a real node on this machine: two gangs fit the total of 8 CPUs, not any placement of their heads
     ("96", 2),  # a GPU fleet's node: its GPUs bind
 ])
@@ -381,7 +381,7 @@ def test_a_run_asking_another_profile_leaves_a_platform_from_rayproof_up_as_it_i
     assert platform.state.read()["phase"] == "running", "nothing was cleared"
 
     monkeypatch.setattr(platform, "_teardown", lambda: [])
-    monkeypatch.setattr("clusters.embedded.machine.check_cgroups", lambda runtime: (_ for _ in ()).throw(
+    monkeypatch.setattr("clusters.embedded.machine.check_cgroups", lambda: (_ for _ in ()).throw(
         UpRefused("stop here: the replacement would start")))
     platform._users_dir.mkdir()  # a test session's platform, none of its users alive
     with pytest.raises(UpRefused, match="stop here"):

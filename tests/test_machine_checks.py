@@ -29,13 +29,12 @@ def test_an_inotify_instance_this_process_opens_is_counted():
     assert before >= 0
 
 
-@pytest.mark.parametrize("runtime, nodes, needed", [("agent", 4, machine.CONTROL_PLANE_INSTANCES),
-                                                    ("kubelet", 4, machine.CONTROL_PLANE_INSTANCES
-                                                     + 4 * machine.REAL_NODE_INSTANCES)])
-def test_a_platform_fits_up_to_the_limit_and_is_refused_past_it(runtime, nodes, needed):
-    machine.check_inotify("p", runtime, nodes, [], limit=128, in_use=128 - needed)  # exactly fits
+@pytest.mark.parametrize("nodes, needed", [(4, machine.CONTROL_PLANE_INSTANCES + 4 * machine.REAL_NODE_INSTANCES),
+                                           (1, machine.CONTROL_PLANE_INSTANCES + machine.REAL_NODE_INSTANCES)])
+def test_a_platform_fits_up_to_the_limit_and_is_refused_past_it(nodes, needed):
+    machine.check_inotify("p", nodes, [], limit=128, in_use=128 - needed)  # exactly fits
     with pytest.raises(machine.MachineUnfit) as refused:
-        machine.check_inotify("p", runtime, nodes, ["default", "other"], limit=128, in_use=129 - needed)
+        machine.check_inotify("p", nodes, ["default", "other"], limit=128, in_use=129 - needed)
     message = str(refused.value)
     assert f"needs about {needed} inotify instances" in message
     assert f"{129 - needed} of them in use" in message and "hold 128" in message
@@ -48,10 +47,11 @@ def test_up_refuses_a_machine_short_of_inotify_instances_before_starting_anythin
     limit.write_text("1\n")
     monkeypatch.setattr(machine, "MAX_USER_INSTANCES", limit)
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     started = []
     platform = EmbeddedPlatform("short", binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
     monkeypatch.setattr(platform, "control_plane", lambda: started.append("control plane"))
-    with pytest.raises(machine.MachineUnfit, match="needs about 20 inotify instances"):
+    with pytest.raises(machine.MachineUnfit, match="needs about 52 inotify instances"):  # 20 + 4 nodes at 8
         platform.up()
     assert started == []
     assert not platform.run_dir.exists()  # no run directory, no state, no logs
@@ -59,16 +59,15 @@ def test_up_refuses_a_machine_short_of_inotify_instances_before_starting_anythin
 
 def test_real_nodes_fit_the_disk_up_to_their_images_and_are_refused_past_it(tmp_path):
     needed = machine.real_nodes_disk_bytes(4, images_shared=False)
-    machine.check_disk("p", "kubelet", 4, tmp_path / "not" / "yet", [], images_shared=False, free=needed)  # fits
-    machine.check_disk("p", "agent", 4, tmp_path, [], images_shared=False, free=0)  # node-agent nodes hold no images
+    machine.check_disk("p", 4, tmp_path / "not" / "yet", [], images_shared=False, free=needed)  # fits
     with pytest.raises(machine.MachineUnfit) as refused:
-        machine.check_disk("p", "kubelet", 4, tmp_path, ["default"], images_shared=False, free=needed - 1)
+        machine.check_disk("p", 4, tmp_path, ["default"], images_shared=False, free=needed - 1)
     message = str(refused.value)
     assert "4 real nodes need about 29 GiB of disk" in message and "6.15 GiB, none of them shared" in message
     assert f"{tmp_path} has 28.6 GiB free" in message
     assert "here: default" in message and "nodes.count" in message
     # Measured where it is asked, from the nearest directory that exists.
-    machine.check_disk("p", "kubelet", 0, tmp_path / "not" / "yet", [], images_shared=False)
+    machine.check_disk("p", 0, tmp_path / "not" / "yet", [], images_shared=False)
 
 
 def test_real_nodes_whose_pre_pulled_images_are_shared_need_two_copies_of_the_ray_image_at_most(tmp_path):
@@ -78,15 +77,15 @@ def test_real_nodes_whose_pre_pulled_images_are_shared_need_two_copies_of_the_ra
     assert machine.real_nodes_disk_bytes(4, images_shared=False) == int(4 * 6.15 * gib) + 4 * gib
     shared = machine.real_nodes_disk_bytes(4, images_shared=True)
     with pytest.raises(machine.MachineUnfit, match="about 16 GiB .* two at a time before the copies are shared"):
-        machine.check_disk("p", "kubelet", 4, tmp_path, [], images_shared=True, free=shared - 1)
+        machine.check_disk("p", 4, tmp_path, [], images_shared=True, free=shared - 1)
 
 
 def test_up_refuses_real_nodes_the_disk_cannot_hold_before_starting_anything(tmp_path, monkeypatch):
-    monkeypatch.setattr(machine, "check_cgroups", lambda runtime: None)  # judged apart, by the machine's mounts
+    monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     monkeypatch.setattr(machine, "REAL_NODE_OWN_BYTES", 2**62)  # more than any disk holds
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
     started = []
-    platform = EmbeddedPlatform("short", profile={"nodes": {"runtime": "kubelet"}},
+    platform = EmbeddedPlatform("short",
                                 binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
     monkeypatch.setattr(platform, "control_plane", lambda: started.append("control plane"))
     with pytest.raises(machine.MachineUnfit, match="4 real nodes need about .* GiB of disk"):
@@ -104,6 +103,7 @@ def test_certify_on_a_machine_short_of_inotify_instances_exits_4_creating_nothin
     monkeypatch.setattr(machine, "MAX_USER_INSTANCES", limit)
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(build, "ensure_built", lambda progress=None: {"kube-apiserver": Path("/nonexistent/x")})
+    monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     out = tmp_path / "report"
     assert cli.main(["certify", "--platform-name", "short", "--out", str(out)]) == cli.PREFLIGHT_EXIT
     err = capsys.readouterr().err

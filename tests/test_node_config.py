@@ -79,8 +79,17 @@ def test_the_certificate_names_what_runs_the_nodes_for_every_runtime_a_profile_m
     from clusters.embedded.profile import NODE_RUNTIMES
     from clusters.embedded.target import KINDS
 
-    assert set(KINDS) == set(NODE_RUNTIMES)
-    assert "node agent" in KINDS["agent"] and "kubelet" in KINDS["kubelet"] and "node agent" not in KINDS["kubelet"]
+    assert set(KINDS) == set(NODE_RUNTIMES) == {"kubelet"}
+    assert "kubelet" in KINDS["kubelet"] and "node agent" not in KINDS["kubelet"]
+
+
+def test_the_retired_node_agent_is_refused_by_name_and_kubelet_is_the_default() -> None:
+    from clusters.embedded.profile import ProfileError, load_profile
+
+    assert load_profile(None).node_runtime == "kubelet"
+    assert load_profile({"nodes": {"runtime": "kubelet"}}).node_runtime == "kubelet"  # profiles that name it load
+    with pytest.raises(ProfileError, match=r"nodes.runtime: must be kubelet \(the project's node agent retired"):
+        load_profile({"nodes": {"runtime": "agent"}})
 
 
 def test_the_certificate_gives_what_nodes_offer_pods_and_their_capacity_where_it_differs():
@@ -208,43 +217,37 @@ def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_ow
     assert not any(n.startswith("kube-router") for n in process_names(2, gpus=False, policies=0))
 
 
-@pytest.mark.parametrize("runtime, enforce, cuts, flags", [
-    # The reference platform cuts open connections on either node layer.
-    ("agent", True, "default", ["--host-ports", "--recheck-established"]),
-    ("kubelet", True, "default", ["--no-dns", "--no-services", "--recheck-established"]),
-    # null: the engine's own way (the router cuts, kube-router keeps).
-    ("agent", True, None, ["--host-ports", "--recheck-established"]),
-    ("kubelet", True, None, ["--no-dns", "--no-services", "--no-network-policy"]),
-    ("agent", True, False, ["--host-ports"]),
-    ("kubelet", True, False, ["--no-dns", "--no-services", "--no-network-policy"]),
+@pytest.mark.parametrize("enforce, cuts, flags", [
+    # The reference platform cuts open connections.
+    (True, "default", ["--no-dns", "--no-services", "--recheck-established"]),
+    # null: the engine's own way (kube-router keeps them).
+    (True, None, ["--no-dns", "--no-services", "--no-network-policy"]),
+    (True, False, ["--no-dns", "--no-services", "--no-network-policy"]),
     # No engine at all: nothing to cut with.
-    ("agent", False, True, ["--host-ports", "--no-network-policy"]),
-    ("kubelet", False, True, ["--no-dns", "--no-services", "--no-network-policy"]),
+    (False, True, ["--no-dns", "--no-services", "--no-network-policy"]),
 ])
-def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(runtime, enforce, cuts, flags) -> None:
-    """On real nodes kube-router judges every connection in its node; the router's engine joins it,
-    judging every packet that crosses the router, only to cut connections opened before a policy.
-    The node agent's nodes have no CNI portmap plugin: the pod network serves their hostPorts. On real
-    nodes kube-proxy alone translates Service addresses and serves node ports (``--no-services``)."""
+def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(enforce, cuts, flags) -> None:
+    """kube-router judges every connection in its node; the router's engine joins it, judging every
+    packet that crosses the router, only to cut connections opened before a policy. kube-proxy alone
+    translates Service addresses and serves node ports (``--no-services``)."""
     from clusters.embedded.platform import pod_network_flags
     from clusters.embedded.profile import load_profile
 
     network: dict = {"enforceNetworkPolicy": enforce}
     if cuts != "default":
         network["policyCutsOpenConnections"] = cuts
-    profile = load_profile({"nodes": {"runtime": runtime}, "network": network})
+    profile = load_profile({"network": network})
     assert pod_network_flags(profile) == flags
     assert profile.cuts_open_connections == ("--recheck-established" in flags)
 
 
-@pytest.mark.parametrize("runtime", ["agent", "kubelet"])
-def test_an_engine_on_some_nodes_guards_only_their_pods(runtime) -> None:
+def test_an_engine_on_some_nodes_guards_only_their_pods() -> None:
     """network.policyEngineNodes: N puts the engine on the first N nodes, the router's included."""
     from clusters.embedded.nodes.layer import process_names
     from clusters.embedded.platform import pod_network_flags
     from clusters.embedded.profile import load_profile
 
-    profile = load_profile({"nodes": {"runtime": runtime, "count": 4}, "network": {"policyEngineNodes": 2}})
+    profile = load_profile({"nodes": {"count": 4}, "network": {"policyEngineNodes": 2}})
     assert profile.policy_engine_nodes == ["rayproof-node-1", "rayproof-node-2"]
     assert pod_network_flags(profile)[-2:] == ["--policy-nodes", "rayproof-node-1,rayproof-node-2"]
     assert process_names(4, gpus=False, policies=2)[-2:] == ["kube-router-1", "kube-router-2"]

@@ -259,15 +259,15 @@ def test_a_run_ended_by_xdist_workers_keeps_their_message_and_exit_code(pytester
 
 
 def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_its_base(tmp_path, monkeypatch):
-    """`bin/rayproof test --platform-profile real-nodes.yaml` puts the self-tests'
-    misconfigured platforms on real nodes too: each one's own change over the run's profile."""
+    """`bin/rayproof test --platform-profile two-nodes.yaml` gives the self-tests' misconfigured
+    platforms two nodes too: each one's own change over the run's profile."""
     import contextlib
 
     import yaml
 
     from tests.selftest import clause_runs
 
-    run_profile = tmp_path / "real-nodes.yaml"
+    run_profile = tmp_path / "two-nodes.yaml"
     run_profile.write_text("nodes:\n  runtime: kubelet\n  count: 2\n")
     config = type("Config", (), {"getoption": staticmethod(
         lambda name: str(run_profile) if name == "--platform-profile" else None)})()
@@ -306,7 +306,7 @@ def test_a_bad_platform_profile_stops_the_run_before_it_starts_and_names_the_use
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--platform-profile={bad}")
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == 4, text
-    assert f"--platform-profile: {bad}: field nodes.runtime: must be one of agent, kubelet; got 'kubelets'" in text
+    assert f"--platform-profile: {bad}: field nodes.runtime: must be one of kubelet; got 'kubelets'" in text
     assert "passed" not in text, "no test ran"
     bad.write_text("nodes:\n  runtime: kubelet\n")
     assert pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--platform-profile={bad}").ret == 0

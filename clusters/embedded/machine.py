@@ -1,13 +1,13 @@
 """What this machine must offer an embedded platform, checked before anything is cleared or started.
 
-* Real nodes (``nodes.runtime: kubelet``) are built for cgroup v1 hierarchies.
+* The nodes (kubelet, containerd and runc: ``nodes/``) are built for cgroup v1 hierarchies.
 * Enough inotify instances. The kernel caps them per user
   (``fs.inotify.max_user_instances``, 128 by default) across every process of
   that user, pods included, and every platform on the machine shares the cap.
   A program that finds none left fails at start with "too many open files"
   (kueue's certificate watcher did, in a rehearsal beside other platforms),
   which says nothing of the cause; this check says it first.
-* Disk for real nodes. Each node's containerd keeps its own unpacked copy of
+* Disk for the nodes. Each node's containerd keeps its own unpacked copy of
   every image its pods run (containerd instances share none), and the Ray
   image with the pinned torch unpacks to 6.15 GiB per node (`bench nodes`).
   ``up`` pulls the pre-pulled images onto one node at a time and makes each
@@ -30,10 +30,8 @@ MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 # descriptors that link to anon_inode:inotify, summed by program):
 CONTROL_PLANE_INSTANCES = 20  # kube-controller-manager 8, kube-apiserver 6, kueue 3, kube-scheduler 3
 REAL_NODE_INSTANCES = 8  # kubelet 6, containerd 1, kube-proxy 1
-NODE_AGENT_INSTANCES = 0  # the node agent and pod network (Python) hold none
-# Disk real nodes take: the Ray image unpacked (measured per node by `bench
-# nodes`), and each node's pods' writable layers and logs. Node-agent nodes
-# run the machine's own files and take next to none.
+# Disk the nodes take: the Ray image unpacked (measured per node by `bench
+# nodes`), and each node's pods' writable layers and logs.
 RAY_IMAGE_UNPACKED_GIB = 6.15
 REAL_NODE_OWN_BYTES = 2**30
 
@@ -53,9 +51,8 @@ class MachineUnfit(UpRefused):
     """This machine cannot run the platform as its profile asks."""
 
 
-def inotify_instances_needed(node_runtime: str, node_count: int) -> int:
-    per_node = REAL_NODE_INSTANCES if node_runtime == "kubelet" else NODE_AGENT_INSTANCES
-    return CONTROL_PLANE_INSTANCES + per_node * node_count
+def inotify_instances_needed(node_count: int) -> int:
+    return CONTROL_PLANE_INSTANCES + REAL_NODE_INSTANCES * node_count
 
 
 def inotify_instances_in_use(proc: Path = Path("/proc"), uid: int | None = None) -> int:
@@ -74,16 +71,15 @@ def _real_uid(entry: Path) -> int:
     return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Uid:")), -1)
 
 
-def check_inotify(name: str, node_runtime: str, node_count: int, others: list[str], *, limit: int | None = None,
+def check_inotify(name: str, node_count: int, others: list[str], *, limit: int | None = None,
                   in_use: int | None = None) -> None:
     """Raise :class:`MachineUnfit` when platform ``name`` would find too few inotify instances left."""
     limit = int(MAX_USER_INSTANCES.read_text()) if limit is None else limit
     in_use = inotify_instances_in_use() if in_use is None else in_use
-    needed = inotify_instances_needed(node_runtime, node_count)
+    needed = inotify_instances_needed(node_count)
     if in_use + needed <= limit:
         return
-    nodes = f"{node_count} real nodes at {REAL_NODE_INSTANCES} each" if node_runtime == "kubelet" \
-        else f"{node_count} node-agent nodes, none"
+    nodes = f"{node_count} nodes at {REAL_NODE_INSTANCES} each"
     raise MachineUnfit(
         f"platform {name} needs about {needed} inotify instances (control plane {CONTROL_PLANE_INSTANCES}, {nodes}), "
         f"and this machine lets a user hold {limit} (fs.inotify.max_user_instances), {in_use} of them in use now: "
@@ -92,20 +88,20 @@ def check_inotify(name: str, node_runtime: str, node_count: int, others: list[st
         + "raise the limit (as root: sysctl -w fs.inotify.max_user_instances=512)")
 
 
-def check_cgroups(node_runtime: str) -> None:
-    """Raise :class:`MachineUnfit` when this machine cannot hold the nodes of ``node_runtime``."""
-    if node_runtime == "kubelet" and not v1_hierarchies():
-        raise MachineUnfit("the real nodes (nodes.runtime: kubelet) are built for cgroup v1 hierarchies, and this "
-                           "machine mounts none (cgroup v2 only is not done yet): use nodes.runtime: agent")
+def check_cgroups() -> None:
+    """Raise :class:`MachineUnfit` when this machine cannot hold the platform's nodes."""
+    if not v1_hierarchies():
+        raise MachineUnfit("the embedded platform's nodes (kubelet, containerd, runc) are built for cgroup v1 "
+                           "hierarchies, and this machine mounts none (cgroup v2 only is not done yet): run the "
+                           "embedded platform on a machine with cgroup v1, or certify an existing cluster "
+                           "(--kubeconfig)")
 
 
-def check_disk(name: str, node_runtime: str, node_count: int, where: Path, others: list[str], *,
+def check_disk(name: str, node_count: int, where: Path, others: list[str], *,
                images_shared: bool, free: int | None = None) -> None:
     """Raise :class:`MachineUnfit` when the filesystem of ``where`` (the platform's
     directory, or the nearest that exists) has too little room for ``node_count``
-    real nodes' images."""
-    if node_runtime != "kubelet":
-        return
+    nodes' images."""
     needed = real_nodes_disk_bytes(node_count, images_shared)
     if free is None:
         existing = next(p for p in (where, *where.parents) if p.exists())

@@ -17,8 +17,10 @@ knows lives in its run directory (default ``<cache>/platform/<name>/``):
   lock on its parent directory (a lock file inside would die with the
   directory it protects).
 
-Node agents plug in through :meth:`~EmbeddedPlatform.start_process` and
-:meth:`~EmbeddedPlatform.issue_node_certs`; see NOTES.md.
+The node layer (``nodes/``: kubelet, containerd and runc per node) plugs in
+through :meth:`~EmbeddedPlatform.start_process`,
+:meth:`~EmbeddedPlatform.issue_node_certs` and
+:meth:`~EmbeddedPlatform.register_cleanup`; see NOTES.md.
 """
 from __future__ import annotations
 
@@ -118,22 +120,17 @@ class PlatformKept(machine.UpRefused):
 
 
 def pod_network_flags(profile: Profile) -> list[str]:
-    """What the pod network controller (``podnet run``) serves of ``profile``'s network.
+    """What the pod network controller (``podnet run``) does for ``profile``'s network.
 
-    The router judges NetworkPolicy on the node agent. On real nodes CoreDNS
+    It routes between the nodes and carries the API server's egress. CoreDNS
     pods serve DNS (``nodes/dns.py``), kube-proxy in each node translates
-    Service addresses and serves node ports (the router holds no Service rule
-    and nothing listens on this machine's loopback for them), and kube-router
-    judges NetworkPolicy in each node (``nodes/netpol.py``); the router judges
-    it too only to cut connections opened before a policy, which kube-router
+    Service addresses and serves node ports, and kube-router judges
+    NetworkPolicy in each node (``nodes/netpol.py``); the router judges it
+    too only to cut connections opened before a policy, which kube-router
     keeps.
     """
-    real_nodes = profile.node_runtime == "kubelet"
-    flags = ["--no-dns", "--no-services"] if real_nodes else ["--host-ports"]  # real nodes: CNI portmap
-    if profile.cuts_open_connections:
-        flags.append("--recheck-established")
-    elif real_nodes or not profile.enforces_network_policy:
-        flags.append("--no-network-policy")
+    flags = ["--no-dns", "--no-services"]
+    flags.append("--recheck-established" if profile.cuts_open_connections else "--no-network-policy")
     if profile.enforces_network_policy and profile.policy_engine_nodes is not None:
         flags += ["--policy-nodes", ",".join(profile.policy_engine_nodes)]
     return flags
@@ -177,7 +174,7 @@ class EmbeddedPlatform:
 
     @property
     def ca_file(self) -> Path:
-        """The cluster CA every component and node agent trusts."""
+        """The cluster CA every component and node trusts."""
         return self.run_dir / "pki" / "ca.crt"
 
     @property
@@ -192,7 +189,7 @@ class EmbeddedPlatform:
         return pki_mod.ensure_pki(self.run_dir / "pki")
 
     def issue_node_certs(self, node_name: str, ip_addresses: Sequence[str] = ()) -> pki_mod.NodeCerts:
-        """Serving and client certificates for a node agent (``system:node:<name>``)."""
+        """Serving and client certificates for a node's kubelet (``system:node:<name>``)."""
         return self.pki.issue_node(node_name, ip_addresses)
 
     def start_process(
@@ -203,7 +200,7 @@ class EmbeddedPlatform:
         env: Mapping[str, str] | None = None,
         exec_argvs: Sequence[Sequence[str]] = (),
     ) -> ProcRecord:
-        """Start a process that belongs to the platform (e.g. a node agent):
+        """Start a process that belongs to the platform (e.g. a node's kubelet):
         own session, ``logs/<name>.log``, ``pids/<name>.json``; :meth:`down`
         stops it (it was started last, so it is stopped first)."""
         return self.supervisor.start(name, argv, env=env, exec_argvs=exec_argvs)
@@ -243,13 +240,13 @@ class EmbeddedPlatform:
         return self._binaries
 
     def control_plane(self) -> ControlPlane:
-        # Real nodes' pods reach the API server at the router's address (nodes/relay.py), so it is
-        # the `kubernetes` Service's endpoint there; the node agent's pods have no way in.
+        # Pods reach the API server at the router's address (nodes/relay.py), so it is the
+        # `kubernetes` Service's endpoint.
         from clusters.embedded.podnet import ROUTER_IP
 
         return ControlPlane(self.run_dir, self.profile, self._binaries or {},
                             supervisor=self.supervisor, state=self.state,
-                            advertise_address=ROUTER_IP if self.profile.node_runtime == "kubelet" else None,
+                            advertise_address=ROUTER_IP,
                             egress_selector_config_file=self.run_dir / "egress-selector.yaml")
 
     @property
@@ -257,15 +254,13 @@ class EmbeddedPlatform:
         return self.run_dir / "podnet"
 
     def _start_nodes(self) -> None:
-        """The node layer the profile names (``nodes.runtime``), then wait until all nodes are Ready."""
-        if self.profile.node_runtime == "kubelet":
-            from clusters.embedded.nodes import layer
-
-            layer.start(self, self.progress, _python_env())
-        else:
-            self._start_node_agents()
+        """The node layer (``nodes/``), then wait until all nodes are Ready; then their policy engine,
+        CoreDNS and the pre-pulled images."""
         from kubernetes import client
 
+        from clusters.embedded.nodes import dns, layer, netpol, prepull
+
+        layer.start(self, self.progress, _python_env())
         core = client.CoreV1Api(self.api_client())
         want = self.profile.node_count
         gpus = self.profile.node_shape.get("nvidia.com/gpu")  # a real node has them once its plugin registered
@@ -277,35 +272,17 @@ class EmbeddedPlatform:
 
         wait_for(ready_nodes, lambda names: len(names) >= want, timeout=timeouts.NODE_READY,
                  description=f"{want} Ready nodes of platform {self.name}" + (f" with {gpus} GPUs each" if gpus else ""))
-        if self.profile.node_runtime == "kubelet":
-            from clusters.embedded.nodes import dns, layer, netpol, prepull
-
-            if self.profile.enforces_network_policy:  # before any pod of the platform's own
-                engine_on = self.profile.policy_engine_nodes
-                netpol.start(self, [n for n in layer.nodes_of(self) if engine_on is None or n.name in engine_on],
-                             self.progress)
-            dns.deploy(self.api_client(), self.progress)
-            prepull.deploy(self.api_client(), self.profile.prepull_images, [n.name for n in layer.nodes_of(self)],
-                           self.progress, after_each_node=lambda node: layer.share_image_layers(self, node).summary())
-
-    def _start_node_agents(self) -> None:
-        """The node agent: one process acting as kubelet and runtime for every node."""
-        import yaml
-
-        state_dir = self.run_dir / "nodeagent"
-        profile_file = self.run_dir / "profile.yaml"
-        profile_file.write_text(yaml.safe_dump(self.profile.as_dict(), sort_keys=False))
-        # Registered after the pod network's teardown, so it runs before it:
-        # containers go before their namespaces.
-        self.register_cleanup("clusters.embedded.nodeagent.state:cleanup", state_dir=str(state_dir))
-        self.start_process("nodeagent", [sys.executable, "-m", "clusters.embedded.nodeagent", "run",
-                                         "--kubeconfig", str(self.kubeconfig), "--state-dir", str(state_dir),
-                                         "--profile", str(profile_file), "--pki-dir", str(self.run_dir / "pki"),
-                                         "--pod-network-dir", str(self.podnet_dir), "--platform", self.name],
-                           env=_python_env())
+        if self.profile.enforces_network_policy:  # before any pod of the platform's own
+            engine_on = self.profile.policy_engine_nodes
+            netpol.start(self, [n for n in layer.nodes_of(self) if engine_on is None or n.name in engine_on],
+                         self.progress)
+        dns.deploy(self.api_client(), self.progress)
+        prepull.deploy(self.api_client(), self.profile.prepull_images, [n.name for n in layer.nodes_of(self)],
+                       self.progress, after_each_node=lambda node: layer.share_image_layers(self, node).summary())
 
     def _start_pod_network(self) -> None:
-        """The pod network controller: routes, services, DNS, NetworkPolicy, and the API server's way in."""
+        """The pod network controller: the router between the nodes, the API server's way in to pods and
+        kubelets, and (to cut open connections) the router's NetworkPolicy engine."""
         self.register_cleanup("clusters.embedded.podnet.network:teardown", platform=self.name,
                               state_dir=str(self.podnet_dir))
         argv = [sys.executable, "-m", "clusters.embedded.podnet", "run", "--kubeconfig", str(self.kubeconfig),
@@ -441,14 +418,14 @@ class EmbeddedPlatform:
                 raise PlatformInUse(f"platform {self.name} cannot be replaced ({reason}): test sessions "
                                     f"{users} still use it; wait for them to end, or stop them, then run again "
                                     f"(`bin/rayproof down --name {self.name}` takes it down under them)")
-            machine.check_cgroups(self.profile.node_runtime)  # before anything is cleared or started
+            machine.check_cgroups()  # before anything is cleared or started
             if self.run_dir.exists():
                 self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
                 self._teardown()
             # What the platform replaced held inotify instances until now.
             others = sorted(d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name)
-            machine.check_inotify(self.name, self.profile.node_runtime, self.profile.node_count, others)
-            machine.check_disk(self.name, self.profile.node_runtime, self.profile.node_count, self.run_dir, others,
+            machine.check_inotify(self.name, self.profile.node_count, others)
+            machine.check_disk(self.name, self.profile.node_count, self.run_dir, others,
                                images_shared=bool(self.profile.prepull_images))
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
@@ -636,16 +613,15 @@ class EmbeddedPlatform:
         return out
 
     def node_layer_processes(self) -> tuple[str, ...]:
-        """The platform's processes besides the control plane and the operators, by its profile's node runtime."""
-        if self.profile.node_runtime == "kubelet":
-            from clusters.embedded.nodes.layer import process_names
+        """The platform's processes besides the control plane and the operators: the pod network, its
+        nodes' (by its profile) and the namespace onboarding (the operators' automation for team
+        namespaces), started after the addons; no health endpoint of their own: healthy while running."""
+        from clusters.embedded.nodes.layer import process_names
 
-            gpus = "nvidia.com/gpu" in self.profile.node_shape
-            engines = len(self.profile.policy_engine_nodes or range(self.profile.node_count)) \
-                if self.profile.enforces_network_policy else 0
-            return ("podnet", *process_names(self.profile.node_count, gpus, engines),
-                    "onboarding")
-        return NODE_LAYER_PROCESSES
+        gpus = "nvidia.com/gpu" in self.profile.node_shape
+        engines = len(self.profile.policy_engine_nodes or range(self.profile.node_count)) \
+            if self.profile.enforces_network_policy else 0
+        return ("podnet", *process_names(self.profile.node_count, gpus, engines), "onboarding")
 
     def rss_bytes(self) -> dict[str, int]:
         """Resident memory of each running platform process, by name."""
@@ -685,12 +661,6 @@ class EmbeddedPlatform:
     def listening_ports(self) -> set[int]:
         """TCP ports our processes listen on (for leak checks)."""
         return listening_ports([r.pid for r in self.supervisor.records() if r.identity_ok()])
-
-
-# The pod network controller, the node agent and the namespace onboarding
-# (the operators' automation for team namespaces), started after the addons;
-# no health endpoint of their own: healthy while running.
-NODE_LAYER_PROCESSES = ("podnet", "nodeagent", "onboarding")
 
 
 def _python_env() -> dict[str, str]:

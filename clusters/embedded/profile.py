@@ -31,7 +31,7 @@ from core.schema import (  # noqa: F401 - parse_duration and ProfileError are re
     quantity,
 )
 
-# What the nodes are called, the node agent's and the real ones alike: <prefix>-1..N.
+# What the nodes are called: <prefix>-1..N.
 NODE_NAME_PREFIX = "rayproof-node"
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profile.yaml"
@@ -44,8 +44,10 @@ REQUEUING_TIMESTAMPS = ("Eviction", "Creation")
 # How an operator upgrade updates the KubeRay CRDs (profile.yaml says what each does).
 UPGRADE_CRD_PROCEDURES = ("apply", "recreate")
 
-# What runs a node: the project's node agent, or upstream kubelet with containerd and runc (nodes/).
-NODE_RUNTIMES = ("agent", "kubelet")
+# What runs a node: upstream kubelet with containerd and runc (nodes/). The project's node
+# agent (`agent`) retired in issue 39; the field stays so that profiles naming kubelet load.
+NODE_RUNTIMES = ("kubelet",)
+RETIRED_NODE_RUNTIMES = {"agent": "the project's node agent retired (issue 39): nodes run kubelet"}
 
 _GATE_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
@@ -63,7 +65,7 @@ class Profile:
 
     @property
     def node_runtime(self) -> str:
-        """``agent`` (the project's node agent) or ``kubelet`` (upstream kubelet, containerd and runc)."""
+        """``kubelet`` (upstream kubelet, containerd and runc): the only node runtime."""
         return str(self.data["nodes"]["runtime"])
 
     @property
@@ -78,7 +80,7 @@ class Profile:
 
     @property
     def enforces_network_policy(self) -> bool:
-        """NetworkPolicy has an engine (the router's on the node agent, kube-router's on real nodes)."""
+        """NetworkPolicy has an engine (kube-router in each node)."""
         return bool(self.data["network"]["enforceNetworkPolicy"])
 
     @property
@@ -91,10 +93,9 @@ class Profile:
 
     @property
     def cuts_open_connections(self) -> bool:
-        """A new NetworkPolicy also stalls connections opened before it: true, or null on the node agent
-        (its router's own way); kube-router, the real nodes' engine, keeps them (null or false there)."""
-        cuts = self.data["network"]["policyCutsOpenConnections"]
-        return self.enforces_network_policy and (cuts is True or (cuts is None and self.node_runtime == "agent"))
+        """A new NetworkPolicy also stalls connections opened before it (``true``); kube-router, the
+        nodes' engine, keeps them (``null``, its own way, or ``false``)."""
+        return self.enforces_network_policy and self.data["network"]["policyCutsOpenConnections"] is True
 
     @property
     def control_plane(self) -> Mapping[str, Any]:
@@ -124,6 +125,11 @@ def _integrations(v: Any) -> list[str]:
     return list(v)
 
 
+def _node_runtime(v: Any) -> str:
+    if isinstance(v, str) and v in RETIRED_NODE_RUNTIMES:
+        raise ValueError(f"{' or '.join(NODE_RUNTIMES)} ({RETIRED_NODE_RUNTIMES[v]})")
+    return one_of(NODE_RUNTIMES)(v)
+
 
 def _images(v: Any) -> list[str]:
     if not isinstance(v, list) or len(set(v)) != len(v) or not all(
@@ -145,7 +151,7 @@ def _gates(v: Any) -> dict[str, bool]:
 SCHEMA: dict[str, Any] = {
     "nodes": {
         "count": int_range(1, MAX_NODES),
-        "runtime": one_of(NODE_RUNTIMES),
+        "runtime": _node_runtime,
         "shape": {
             "cpu": quantity,
             "memory": quantity,

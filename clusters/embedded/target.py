@@ -10,9 +10,10 @@ from clusters.embedded.platform import EmbeddedPlatform
 from clusters.existing import describe_cluster, node_health
 
 DEFAULT_TARGET_NAME = "default"
-# What the certificate says the cluster is, by the profile's nodes.runtime.
+# What the certificate says the cluster is, by the profile's nodes.runtime (kubelet, the only one
+# since the node agent retired: certificates of the node agent said "embedded platform (node agent
+# in place of kubelet + container runtime)").
 KINDS = {
-    "agent": "embedded platform (node agent in place of kubelet + container runtime)",
     "kubelet": "embedded platform (real nodes: kubelet, containerd and runc; CoreDNS; NetworkPolicy by "
                "kube-router in each node)",
 }
@@ -25,7 +26,7 @@ class EmbeddedTarget:
     last test session to ``close`` it when a test session brought it up."""
 
     kind = "embedded"
-    # Its control plane and its pods (node agent processes) share this machine's CPUs.
+    # Its control plane and its nodes' pods share this machine's CPUs.
     runs_on_this_machine = True
 
     def __init__(self, platform: EmbeddedPlatform):
@@ -71,11 +72,8 @@ class EmbeddedTarget:
         return info
 
     def outside(self, probe: Any) -> Any:
-        """On real nodes, from the platform's outside namespace (nodes/fabric.py,
-        ``OutsideNet``); on the node agent's nodes, whose address is 127.0.0.1,
-        from this host's loopback."""
-        if self.platform.profile.node_runtime != "kubelet":
-            return probe()
+        """From the platform's outside namespace (nodes/fabric.py, ``OutsideNet``), routed to the nodes'
+        addresses, never from this machine's own namespace."""
         from clusters.embedded.nodes.fabric import OutsideNet
         from clusters.embedded.podnet._host import in_netns
 

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from clusters.embedded import build
 from clusters.embedded.addons import ADDON_PROCESSES
 from clusters.embedded.controlplane import PROCESS_ORDER, listening_ports
-from clusters.embedded.platform import NODE_LAYER_PROCESSES, EmbeddedPlatform
+from clusters.embedded.platform import EmbeddedPlatform
 from core import timeouts
 from core.waiting import wait_for
 from fixtures.netns import list_namespaces
@@ -92,7 +92,8 @@ def test_warm_up_time_and_memory(started: Started, evidence: Any) -> None:
     print(f"\nwarm up (control plane, KubeRay, Kueue, pod network, nodes ready): {started.up_s:.1f}s; "
           f"control plane RSS {cp_rss / 2**20:.0f} MiB, with operators {all_rss / 2**20:.0f} MiB: "
           + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in rss.items()))
-    assert set(rss) == {*PROCESS_ORDER, *ADDON_PROCESSES, *NODE_LAYER_PROCESSES}, f"running processes: {sorted(rss)}"
+    assert set(rss) == {*PROCESS_ORDER, *ADDON_PROCESSES, *started.platform.node_layer_processes()}, \
+        f"running processes: {sorted(rss)}"
 
 
 def test_api_server_reports_the_pinned_version(started: Started) -> None:

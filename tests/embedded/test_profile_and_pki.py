@@ -2,7 +2,7 @@
 
 Fast checks of what the control plane relies on: a bad profile is refused
 with one message naming the field and what is allowed, and the PKI issues
-the identities and SANs the API server, the components and node agents need.
+the identities and SANs the API server, the components and the nodes' kubelets need.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def test_user_profile_merges_over_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("override", "field", "allowed"), [
     ({"nodes": {"count": 0}}, "nodes.count", "an integer from 1 to 16"),
     ({"nodes": {"cuont": 3}}, "nodes.cuont", "allowed here: count, runtime, shape"),
+    ({"nodes": {"runtime": "agent"}}, "nodes.runtime", "kubelet (the project's node agent retired (issue 39)"),
     ({"nodes": {"shape": {"memory": "4GB"}}}, "nodes.shape.memory", "Kubernetes quantity"),
     ({"kueue": {"waitForPodsReady": {"timeout": "2 minutes"}}}, "kueue.waitForPodsReady.timeout", "Go duration"),
     ({"kueue": {"waitForPodsReady": {"requeuingStrategy": {"timestamp": "Now"}}}},
