@@ -45,10 +45,9 @@ class Target(Protocol):
     def outside(self, probe: Callable[[], Any]) -> Any:
         """Run ``probe`` where a client outside the cluster stands, and
         return its result: the certifying host's own network for an existing
-        cluster (the user's); for the embedded platform, loopback (the node
-        agent's nodes report 127.0.0.1) or, on real nodes, a namespace beside
-        them that routes to their addresses and nowhere else, so no probe
-        leaves the machine."""
+        cluster (the user's); for the embedded platform, a namespace beside
+        its nodes that routes to their addresses and nowhere else, so no
+        probe leaves the machine."""
 
     def diagnose(self) -> str:
         """The platform's own health, as text for a failed test's evidence:

@@ -115,7 +115,7 @@ def test_a_slow_pull_image_must_name_its_seconds_and_nonce(value: object) -> Non
     ('spec.containers{main}: Successfully pulled image "rayproject/ray:2.60.0" in 1m1.795s (1m1.795s including '
      'waiting). Image size: 6516194528 bytes.', 61.8),
     ('Successfully pulled image "redis:7.0" in 749ms (749ms including waiting). Image size: 138077005 bytes.', 0.7),
-    ('Successfully pulled image "rayproof.local/slow-pull/30/busybox:1f2e" in 30.012s', 30.0),  # the node agent's
+    ('Successfully pulled image "rayproof.local/slow-pull/30/busybox:1f2e" in 30.012s', 30.0),  # the slow path's
     ('Container image "rayproject/ray:2.60.0" already present on machine', None),
 ])
 def test_a_pull_time_is_read_from_kubelets_event(message: str, seconds: float | None) -> None:

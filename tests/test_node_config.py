@@ -99,7 +99,7 @@ def test_the_certificate_gives_what_nodes_offer_pods_and_their_capacity_where_it
     assert node_shape({"cpu": "2", "memory": "16Gi", "nvidia.com/gpu": "8"},
                       {"cpu": "2", "memory": "24Gi", "nvidia.com/gpu": "8"}) == \
         "allocatable cpu=2, memory=16Gi, nvidia.com/gpu=8 (capacity memory=24Gi)"
-    # The node agent reports allocatable equal to capacity; a node without GPUs offers none.
+    # A node whose allocatable equals its capacity names it once; a node without GPUs offers none.
     assert node_shape({"cpu": "4", "memory": "16Gi"}, {"cpu": "4", "memory": "16Gi"}) == \
         "allocatable cpu=4, memory=16Gi, nvidia.com/gpu=0"
 

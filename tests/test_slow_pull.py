@@ -101,11 +101,13 @@ def test_base_blobs_are_served_only_under_slow_names(server) -> None:
     assert get(f"{url}/v2/library/busybox/blobs/{layer}")[0] == 404
 
 
-def test_the_node_agent_reads_the_same_names() -> None:
-    from clusters.embedded.nodeagent import catalog
+def test_the_certification_profiles_slow_pull_image_names_this_path() -> None:
+    from core import profile
 
-    image = catalog.lookup("rayproof.local/slow-pull/30/busybox:3fe1a2")
-    assert (image.entry, image.pull_seconds, image.cmd) == ("shell", 30.0, ("sh",))
+    template = profile.load().data["kueue"]["slowPullImage"]
+    found = slowpull.REFERENCE.match(template.format(seconds=30, nonce="3fe1a2"))
+    assert found is not None, template
+    assert (found["seconds"], found["image"]) == ("30", "busybox:3fe1a2")
 
 
 def test_pacing_spreads_the_bytes_over_the_seconds(monkeypatch) -> None:

@@ -584,7 +584,7 @@ class ControlPlane:
             f"--service-cluster-ip-range={pki_mod.SERVICE_CLUSTER_IP_RANGE}",
             "--authorization-mode=Node,RBAC",
             # The default plugins are always on; NodeRestriction confines each
-            # node agent to its own Node and its pods, as on a real cluster.
+            # node's kubelet to its own Node and its pods, as on a real cluster.
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             f"--kubelet-client-certificate={p.apiserver_kubelet_client.cert}",
@@ -605,7 +605,7 @@ class ControlPlane:
         ]
         if self.egress_selector_config_file:
             # Pods and services sit behind the pod network's router namespace;
-            # the API server reaches them (service/pod proxy, node agents)
+            # the API server reaches them (service/pod proxy, the nodes' kubelets)
             # through the pod network's CONNECT proxy.
             argv.append(f"--egress-selector-config-file={self.egress_selector_config_file}")
         self.supervisor.start("kube-apiserver", argv, env=self._env())
@@ -615,8 +615,9 @@ class ControlPlane:
 
         Endpoints may not be loopback addresses, so on loopback alone the API
         server would log a failed sync every few seconds; the reconciler is
-        then off and the Service has no endpoints. A node agent that makes
-        the API server reachable from pods passes ``advertise_address``.
+        then off and the Service has no endpoints. A platform whose node layer
+        makes the API server reachable from pods passes ``advertise_address``
+        (the embedded platform's does: the pod network router's address).
         """
         if self.advertise_address:
             return [f"--advertise-address={self.advertise_address}"]
@@ -645,8 +646,8 @@ class ControlPlane:
             *self._component_serving(p.controller_manager_serving, ports["controller_manager"],
                                      self.run_dir / "controller-manager.kubeconfig"),
             f"--cluster-name={CLUSTER_NAME}",
-            # Every default controller except node IPAM: node agents bring
-            # their own pod addresses (no --cluster-cidr to carve).
+            # Every default controller except node IPAM: each node brings its
+            # own pod range (nodes/fabric.py; no --cluster-cidr to carve).
             "--controllers=*,-node-ipam-controller",
             "--allocate-node-cidrs=false",
             "--use-service-account-credentials=true",

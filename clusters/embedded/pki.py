@@ -3,7 +3,7 @@
 One cluster CA signs everything that authenticates to or is served by the API
 server: the API server's serving certificate, the client certificates of the
 admin, the controller manager, the scheduler, the operators and the API
-server's own client identity toward node agents, the node agents' serving and
+server's own client identity toward the nodes' kubelets, the kubelets' serving and
 client certificates, and the serving certificates of the controller manager,
 the scheduler and Kueue's webhook/metrics servers (so every health check can
 verify TLS against one CA rather than switching verification off).
@@ -230,7 +230,7 @@ class CertificateAuthority:
 
 @dataclass(frozen=True)
 class NodeCerts:
-    """A node agent's identities: serving (for the API server's calls to it)
+    """A node's kubelet's identities: serving (for the API server's calls to it)
     and client (to the API server, as ``system:node:<name>``)."""
 
     name: str
@@ -257,9 +257,9 @@ class ClusterPKI:
             d, "apiserver", "kube-apiserver",
             dns_names=APISERVER_DNS_SANS, ip_addresses=APISERVER_IP_SANS, server=True,
         )
-        # The API server's identity when it calls node agents (logs, exec,
-        # port-forward, proxy). system:masters so the node agent's webhook
-        # authorizer (if it has one) may simply allow it.
+        # The API server's identity when it calls the nodes' kubelets (logs,
+        # exec, port-forward, proxy). system:masters so a kubelet's webhook
+        # authorizer may simply allow it.
         self.apiserver_kubelet_client = ca.issue(
             d, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
             orgs=("system:masters",), client=True,
@@ -325,13 +325,13 @@ class ClusterPKI:
         )
 
     def issue_node(self, name: str, ip_addresses: Sequence[str] = (), directory: Path | None = None) -> NodeCerts:
-        """Serving and client certificates for the node agent of node ``name``.
+        """Serving and client certificates for the kubelet of node ``name``.
 
         The client certificate is ``CN=system:node:<name>, O=system:nodes``,
         what the Node authorizer and NodeRestriction admission expect. The
         serving certificate carries the node name, ``localhost``,
         ``127.0.0.1`` and ``ip_addresses`` (the node's InternalIP), because the
-        API server verifies it against the CA when it calls the node agent
+        API server verifies it against the CA when it calls the kubelet
         (``--kubelet-certificate-authority``).
         """
         if not name or name != name.lower() or any(c not in "abcdefghijklmnopqrstuvwxyz0123456789-." for c in name):

@@ -1,4 +1,4 @@
-"""The whole embedded platform, end to end: KubeRay running real Ray on node-agent pods.
+"""The whole embedded platform, end to end: KubeRay running real Ray on its nodes' pods.
 
 Uses the session's platform (the one the clauses certify; brought up and
 taken down by the ``target`` fixture). Every object lives in a namespace made

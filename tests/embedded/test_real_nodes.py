@@ -2,8 +2,8 @@
 
 One platform of two real nodes for the module (its own name and run
 directory, so it never meets the session's platform), brought up under a host
-slot. What is checked is what the node agent can only imitate: the container
-runtime's answers reaching the API through kubelet (an OOM kill's 137 and
+slot. What is checked is what the retired node agent could only imitate: the
+container runtime's answers reaching the API through kubelet (an OOM kill's 137 and
 ``lastState``, images pulled from the platform's registry, a pull's failure
 and back-off, a slow pull through the registry's slow path), kubelet's own
 server (``logs``, ``exec``, ``port-forward``), its probes and graceful

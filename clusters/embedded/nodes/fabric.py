@@ -15,10 +15,10 @@ outside netns rayproof-<platform>-out  (a client beside the nodes, not in the cl
   default via 169.254.1.1 (onlink)                          route 198.18.255.250/32 dev ro
 ```
 
-Every packet a pod sends to another pod, a Service or DNS leaves its node for
-the router, same-node peers included, so the router's Service rules and
-NetworkPolicy chains (``podnet``) judge all pod traffic as they judge the node
-agent's pods; the API server's egress (logs, exec, port-forward, its service
+Every packet a pod sends to another pod (a Service's or DNS's endpoint too,
+once kube-proxy in its node has translated the address) leaves its node for
+the router, same-node peers included, so the router's NetworkPolicy chains
+(``podnet``), where they run, judge all pod traffic; the API server's egress (logs, exec, port-forward, its service
 proxy) reaches kubelets and pods through the router too. Nothing is added to
 the machine's root namespace.
 """

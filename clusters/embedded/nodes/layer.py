@@ -157,9 +157,9 @@ def start(platform: NodeHost, progress: Callable[[str], None], python_env: dict[
                                      *(a for n in nodes for a in ("--netns", n.net.netns))], env=python_env)
     wait_for(ready.exists, timeout=timeouts.OPERATORS_START,
              description=f"the API server's and registries' listeners in the node namespaces of {platform.name}")
-    # The StorageClasses' provisioner, which the node agent runs where there is one.
+    # The StorageClasses' provisioner (provisioner.py).
     platform.start_process("provisioner", [
-        sys.executable, "-m", "clusters.embedded.nodeagent.provisioner", "--kubeconfig", str(platform.kubeconfig),
+        sys.executable, "-m", "clusters.embedded.nodes.provisioner", "--kubeconfig", str(platform.kubeconfig),
         "--root", str(platform.run_dir / "pvc"), *(a for n in nodes for a in ("--node-var-lib", str(n.dir / "var-lib")))],
         env=python_env)
 

@@ -14,8 +14,7 @@ and on each ``/tasks/oom`` (containerd's runc shim watches every container's
 v1 ``memory.oom_control`` for it) kills every process of that container through
 containerd (``ctr task kill --all --signal SIGKILL``). containerd already
 recorded the OOM, so kubelet reports the container's end as ``OOMKilled``
-with exit code 137, exactly as on cgroup v2. The node agent does the same for
-its containers (``nodeagent/containers.py``).
+with exit code 137, exactly as on cgroup v2.
 
 Cgroup v1 reports an OOM to every memory cgroup under the one at its limit.
 A pod's cgroup has the sum of its containers' limits, and holds the pause

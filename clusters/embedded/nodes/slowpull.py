@@ -16,9 +16,8 @@ Kubelet reports it as any pull (``Pulling``, then ``Successfully pulled image
 container) meanwhile. The image's default command is busybox's ``sh``,
 which exits 0 with nothing on its stdin.
 
-The node agent's image catalogue reads the same names (its simulated pull,
-``nodeagent/catalog.py``), so the certification profile's
-``kueue.slowPullImage`` names one path on either node runtime.
+The certification profile's ``kueue.slowPullImage`` names this path
+(:data:`REFERENCE` is its form).
 
 ``python -m clusters.embedded.nodes.slowpull --base LAYOUT --port PORT``
 """

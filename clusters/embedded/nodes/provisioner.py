@@ -7,19 +7,19 @@
   and nodes as they would on shared storage.
 * ``rayproof-node-local`` stands in for a node's own disk (a hostPath or
   local-disk provisioner without node affinity): the claim's PV names one
-  directory, and each node that mounts it sees its own subdirectory of it
-  (``volumes.py``), so what a pod writes is visible only to pods on the same
-  node. It is there to certify that a clause catches checkpoints on storage
-  that is not shared (TRN-2's self-test); no default uses it.
+  path, and each node that mounts it sees its own directory there, so what a
+  pod writes is visible only to pods on the same node. It is there to
+  certify that a clause catches checkpoints on storage that is not shared
+  (TRN-2's self-test); no default uses it.
 
-It runs in the node agent, acting like an external provisioner. Real nodes
-(``nodes.runtime: kubelet``) have no node agent: there it is a process of
-the platform (:func:`main`), and kubelet mounts the PVs' ``hostPath`` as
-any kubelet does. A node-local PV's path is then under ``/var/lib``, which
-each node's mount namespace binds to the node's own directory
-(``nodes/node.py``), so each node sees its own; the provisioner makes the
-directory in every node, writable by any user (Ray's image runs as uid
-1000), as a local-path provisioner does.
+It is a process of the platform (:func:`main`, started by ``layer.py``),
+acting like an external provisioner, and kubelet mounts the PVs'
+``hostPath`` as any kubelet does. A node-local PV's path is under
+``/var/lib``, which each node's mount namespace binds to the node's own
+directory (``node.py``), so each node sees its own; the provisioner makes
+the directory in every node, writable by any user (Ray's image runs as uid
+1000), as a local-path provisioner does. (It ran in the project's node
+agent before that retired, issue 39.)
 
 * a Pending claim of the class without a volume gets a PV ``pvc-<claim uid>``
   pre-bound to it (``claimRef``); kube-controller-manager's PV controller
@@ -36,7 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from clusters.embedded.nodeagent.kube import ApiError, KubeClient
+from clusters.embedded.nodes.kube import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,13 @@ MARK = "rayproof.io/provisioned-by"
 RESYNC_S = 1.0
 
 
-NODE_LOCAL_PATH = Path("/var/lib/rayproof-node-local")  # a node-local PV's path on real nodes
+NODE_LOCAL_PATH = Path("/var/lib/rayproof-node-local")  # a node-local PV's path, each node's own
 
 
 class DirectoryProvisioner:
-    def __init__(self, api: KubeClient, root: Path, node_var_libs: list[Path] | None = None):
-        """``node_var_libs``: each real node's own ``/var/lib`` (None under the node agent, whose
-        ``volumes.py`` gives each node its own subdirectory of a node-local PV's one path)."""
+    def __init__(self, api: KubeClient, root: Path, node_var_libs: list[Path]):
+        """``root``: where the shared class's volumes are made; ``node_var_libs``: each node's own
+        ``/var/lib`` on this machine, where a node-local volume is made once per node."""
         self.api = api
         self.root = Path(root)
         self.node_var_libs = node_var_libs
@@ -92,14 +92,14 @@ class DirectoryProvisioner:
                 self._delete(pv)
 
     def _node_dirs(self, path: Path) -> list[Path]:
-        """Where a real node's PV path ``path`` (under ``NODE_LOCAL_PATH``) is on this machine, per node."""
-        return [var_lib / path.relative_to("/var/lib") for var_lib in self.node_var_libs or ()]
+        """Where a node's PV path ``path`` (under ``NODE_LOCAL_PATH``) is on this machine, per node."""
+        return [var_lib / path.relative_to("/var/lib") for var_lib in self.node_var_libs]
 
     def _provision(self, pvc: dict[str, Any]) -> None:
         meta = pvc["metadata"]
         storage_class = pvc["spec"]["storageClassName"]
         relative = Path(meta["namespace"]) / f"{meta['name']}-{meta['uid'][:8]}"
-        if storage_class == NODE_LOCAL_CLASS and self.node_var_libs is not None:
+        if storage_class == NODE_LOCAL_CLASS:
             path = NODE_LOCAL_PATH / relative
             made = self._node_dirs(path)
         else:
@@ -140,18 +140,18 @@ class DirectoryProvisioner:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The provisioner as a process of a platform of real nodes (no node agent runs there)."""
+    """The provisioner as a process of the platform."""
     import argparse
     import signal
 
-    from clusters.embedded.nodeagent.kube import load_kubeconfig
+    from clusters.embedded.nodes.kube import load_kubeconfig
 
-    ap = argparse.ArgumentParser(prog="python -m clusters.embedded.nodeagent.provisioner",
+    ap = argparse.ArgumentParser(prog="python -m clusters.embedded.nodes.provisioner",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--kubeconfig", type=Path, required=True)
     ap.add_argument("--root", type=Path, required=True, help="where the shared class's volumes are made")
     ap.add_argument("--node-var-lib", type=Path, action="append", default=[], required=True,
-                    help="a real node's own /var/lib directory (repeatable)")
+                    help="a node's own /var/lib directory (repeatable)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopped = threading.Event()

@@ -1,35 +1,25 @@
-"""A small Kubernetes API client speaking JSON dicts, for the node agent.
+"""A small Kubernetes API client speaking JSON dicts, for the platform's volume provisioner (``provisioner.py``).
 
-Why not ``kubernetes.client``: a kubelet talks to the API in a handful of
-shapes (get, list+watch, status PUT, delete with preconditions, create), and
-the generated client's model deserialisation costs CPU on every watch event
-of every pod, on a two-core machine shared with the workloads. This client
-keeps objects as the API server's own JSON (what the pod network modules also
-take), reuses one TLS connection pool per identity, and can end a watch from
-another thread at once (``stop()``), which a clean agent shutdown needs.
-
-Credentials come from a kubeconfig (server and CA) and, per node, from the
-node's own client certificate (``system:node:<name>``), so the Node
-authorizer and NodeRestriction judge the agent as they judge a kubelet.
+It keeps objects as the API server's own JSON and reuses one TLS connection
+pool, so the provisioner's resync (a list of claims and volumes every
+second) costs no model deserialisation and the process does not import the
+generated ``kubernetes`` client. (It was the retired node agent's client,
+which also watched and wrote pod status as each node's identity.)
 """
 from __future__ import annotations
 
 import base64
 import json
 import os
-import threading
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import urllib3
 import yaml
 
-USER_AGENT = "rayproof-nodeagent/0.1 (linux/amd64) kubernetes/embedded"
-# Server-side watch length: the API server ends each watch after this, and
-# the agent resumes from the last resourceVersion seen (bookmarks keep it fresh).
-WATCH_SECONDS = 290
+USER_AGENT = "rayproof-provisioner/0.1 (linux/amd64) kubernetes/embedded"
 REQUEST_TIMEOUT_S = 30.0
 
 
@@ -55,10 +45,6 @@ class ApiError(RuntimeError):
     @property
     def conflict(self) -> bool:
         return self.status == 409
-
-    @property
-    def gone(self) -> bool:
-        return self.status == 410
 
 
 @dataclass(frozen=True)
@@ -125,14 +111,6 @@ class KubeClient:
             kw["cert_file"] = creds.cert_file
             kw["key_file"] = creds.key_file
         self._pool = urllib3.PoolManager(**kw)
-        self._watches: set[Any] = set()
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def with_identity(self, cert_file: str, key_file: str, user_agent: str | None = None) -> "KubeClient":
-        """The same server, authenticated by another client certificate."""
-        creds = Credentials(self.creds.server, self.creds.ca_file, cert_file, key_file, None, self.creds.insecure)
-        return KubeClient(creds, user_agent or self.user_agent)
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         h = {"Accept": "application/json", "User-Agent": self.user_agent}
@@ -177,65 +155,8 @@ class KubeClient:
     def post(self, path: str, body: Any, **params: Any) -> Any:
         return self.request("POST", path, body, params=params)
 
-    def put(self, path: str, body: Any, **params: Any) -> Any:
-        return self.request("PUT", path, body, params=params)
-
-    def patch(self, path: str, body: Any, kind: str = "strategic", **params: Any) -> Any:
-        ct = {"strategic": "application/strategic-merge-patch+json", "merge": "application/merge-patch+json",
-              "json": "application/json-patch+json"}[kind]
-        return self.request("PATCH", path, body, params=params, content_type=ct)
-
     def delete(self, path: str, body: Any = None, **params: Any) -> Any:
         return self.request("DELETE", path, body, params=params)
 
-    def watch(self, path: str, resource_version: str, **params: Any) -> Iterator[dict[str, Any]]:
-        """Events of one watch from ``resource_version`` until the server ends it
-        (or :meth:`stop` is called). A 410 comes back as an ``ERROR`` event."""
-        params = {**params, "watch": "true", "resourceVersion": resource_version,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
-        resp = self._pool.request("GET", self._url(path, params), headers=self._headers(),
-                                  timeout=urllib3.Timeout(connect=5.0, read=WATCH_SECONDS + 30),
-                                  preload_content=False)
-        if resp.status >= 300:
-            body = resp.read().decode(errors="replace")
-            resp.release_conn()
-            raise ApiError(resp.status, "WATCH", path, body)
-        with self._lock:
-            if self._closed:
-                resp.release_conn()
-                return
-            self._watches.add(resp)
-        buf = b""
-        try:
-            for chunk in resp.stream(65536, decode_content=True):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
-        except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError):
-            # The connection ended (server timeout, stop(), API server restart):
-            # the caller resumes from its last resourceVersion.
-            return
-        finally:
-            with self._lock:
-                self._watches.discard(resp)
-            try:
-                resp.release_conn()
-            except Exception:  # noqa: BLE001 - already torn down by stop()
-                pass
-
-    def stop(self) -> None:
-        """End every open watch of this client (their iterators return)."""
-        with self._lock:
-            self._closed = True
-            watches = list(self._watches)
-        for resp in watches:
-            try:
-                resp.shutdown()
-            except Exception:  # noqa: BLE001 - best effort; the read timeout ends it anyway
-                pass
-
     def close(self) -> None:
-        self.stop()
         self._pool.clear()
