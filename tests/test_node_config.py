@@ -219,17 +219,17 @@ def test_each_node_runs_kube_routers_firewall_alone_isolating_new_pods_in_its_ow
 
 @pytest.mark.parametrize("enforce, cuts, flags", [
     # The reference platform cuts open connections.
-    (True, "default", ["--no-dns", "--no-services", "--recheck-established"]),
+    (True, "default", ["--recheck-established"]),
     # null: the engine's own way (kube-router keeps them).
-    (True, None, ["--no-dns", "--no-services", "--no-network-policy"]),
-    (True, False, ["--no-dns", "--no-services", "--no-network-policy"]),
+    (True, None, ["--no-network-policy"]),
+    (True, False, ["--no-network-policy"]),
     # No engine at all: nothing to cut with.
-    (False, True, ["--no-dns", "--no-services", "--no-network-policy"]),
+    (False, True, ["--no-network-policy"]),
 ])
 def test_which_engine_judges_policies_and_whether_it_cuts_open_connections(enforce, cuts, flags) -> None:
     """kube-router judges every connection in its node; the router's engine joins it, judging every
     packet that crosses the router, only to cut connections opened before a policy. kube-proxy alone
-    translates Service addresses and serves node ports (``--no-services``)."""
+    translates Service addresses and serves node ports: the pod network has no flag for either."""
     from clusters.embedded.platform import pod_network_flags
     from clusters.embedded.profile import load_profile
 

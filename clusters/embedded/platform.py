@@ -129,8 +129,7 @@ def pod_network_flags(profile: Profile) -> list[str]:
     too only to cut connections opened before a policy, which kube-router
     keeps.
     """
-    flags = ["--no-dns", "--no-services"]
-    flags.append("--recheck-established" if profile.cuts_open_connections else "--no-network-policy")
+    flags = ["--recheck-established" if profile.cuts_open_connections else "--no-network-policy"]
     if profile.enforces_network_policy and profile.policy_engine_nodes is not None:
         flags += ["--policy-nodes", ",".join(profile.policy_engine_nodes)]
     return flags

@@ -397,7 +397,7 @@ def test_pods_on_two_nodes_and_on_one_talk_through_a_service_by_name_until_a_pol
                        timeout=timeouts.CONTAINER_TRANSITION, description=f"{pod} to fetch from server through Service web")
         assert got.returncode == 0
     # kube-proxy of the client's node holds the Service's rules: the DNAT happens before the packet leaves
-    # it. Nothing stands in for it: the router between the nodes holds no Service rule (podnet --no-services).
+    # it. Nothing stands in for it: the router between the nodes holds no Service rule (podnet has none).
     cluster_ip = core.read_namespaced_service("web", namespace).spec.cluster_ip
     wait_for(lambda: _host.iptables_save(NodeNet(platform.name, NODES).netns, "nat"),
              lambda nat: f"-d {cluster_ip}/32" in nat and "KUBE-SVC-" in nat, timeout=timeouts.CONTAINER_TRANSITION,

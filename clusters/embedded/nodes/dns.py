@@ -5,8 +5,8 @@ kube-proxy sends a pod's query to a CoreDNS pod, through the pod network like
 any pod-to-pod traffic, so NetworkPolicy judges DNS as it does on a real
 cluster (an egress policy that allows no port 53 cuts a pod's DNS). CoreDNS
 watches the API server through ``kubernetes.default`` (the API server
-advertises the router's address, where the node relay listens). The router's
-own DNS server is off on these platforms (``podnet run --no-dns``).
+advertises the router's address, where the node relay listens). The router
+serves no DNS (the retired node agent's pod network served it there).
 """
 from __future__ import annotations
 

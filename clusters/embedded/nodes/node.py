@@ -37,8 +37,7 @@ from clusters.embedded.nodes import slowpull
 from clusters.embedded.nodes.fabric import NodeNet
 from clusters.embedded.nodes.images import PAUSE_IMAGE
 from clusters.embedded.nodes.relay import REGISTRY_PORT, SLOW_PULL_PORT
-from clusters.embedded.podnet.dns import DOMAIN
-from clusters.embedded.podnet.network import DNS_IP, POD_CIDR, SERVICE_CIDR
+from clusters.embedded.podnet.network import DNS_IP, DOMAIN, POD_CIDR, SERVICE_CIDR
 from core import timeouts
 from core.waiting import wait_for
 

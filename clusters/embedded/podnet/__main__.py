@@ -1,9 +1,9 @@
 """Run the pod network controller as a process of its own, or tear a pod network down.
 
 ``python -m clusters.embedded.podnet run --kubeconfig K --platform P [--state-dir D]``
-serves DNS and keeps service and policy rules in step until SIGTERM/SIGINT,
-then stops its threads and leaves the network in place (a restarted
-controller picks it up again; pods keep their addresses).  It writes
+serves the API server's CONNECT proxy and keeps the router's policy rules in
+step until SIGTERM/SIGINT, then stops its threads and leaves the network in
+place (a restarted controller picks it up again; the nodes stay linked).  It writes
 ``<state_dir>/controller.ready`` (its PID) once the first full sync is
 applied, for a supervisor's health check, and removes it on exit.
 
@@ -39,14 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="accept NetworkPolicies but enforce none (a CNI without policy support)")
     run.add_argument("--policy-nodes", help="comma-separated nodes the NetworkPolicy engine runs on (default: "
                                             "every node); pods on others are never guarded")
-    run.add_argument("--host-ports", action="store_true",
-                     help="serve pods' hostPorts on the node address (nodes without a CNI portmap plugin)")
     run.add_argument("--proxy-port", type=int, help="also serve the cluster proxy on 127.0.0.1:<port>")
-    run.add_argument("--no-services", action="store_true",
-                     help="translate no Service address and serve no node port (the real nodes: kube-proxy in each "
-                          "node does both, and nothing stands in for it)")
-    run.add_argument("--no-dns", action="store_true",
-                     help="serve no cluster DNS (the real nodes run CoreDNS as pods behind the kube-dns Service)")
     down = sub.add_parser("teardown", help="remove the whole pod network")
     down.add_argument("--platform", required=True)
     down.add_argument("--state-dir", required=True, type=Path)
@@ -59,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ctl = PodNetworkController(args.kubeconfig, args.platform, state_dir=args.state_dir,
                                recheck_established=args.recheck_established, proxy_tcp_port=args.proxy_port,
-                               enforce_policies=not args.no_network_policy, serve_dns=not args.no_dns,
-                               policy_nodes=frozenset(args.policy_nodes.split(",")) if args.policy_nodes else None,
-                               host_ports=args.host_ports, serve_services=not args.no_services)
+                               enforce_policies=not args.no_network_policy,
+                               policy_nodes=frozenset(args.policy_nodes.split(",")) if args.policy_nodes else None)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -70,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctl.wait_ready()
         ready.write_text(str(os.getpid()))
-        logging.info("pod network %s ready: DNS %s, proxy %s", args.platform, ctl.network.dns_ip, ctl.proxy.unix_path)
+        logging.info("pod network %s ready: proxy %s", args.platform, ctl.proxy.unix_path)
         done.wait()  # until SIGTERM/SIGINT
     finally:
         ready.unlink(missing_ok=True)

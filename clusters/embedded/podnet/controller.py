@@ -1,17 +1,21 @@
-"""Keeps the pod network's services, DNS and NetworkPolicy rules in step with the API server.
+"""Keeps the pod network router's NetworkPolicy rules in step with the API server, and serves the
+API server's way in (the CONNECT proxy, :mod:`.proxy`).
 
 Two layers, so the logic can be tested without an API server:
 
-* :class:`ClusterState` holds the latest Services, EndpointSlices, Pods,
-  Namespaces and NetworkPolicies as raw API JSON and counts changes
-  (``generation``).  Anything may feed it: the watch threads, or a test.
+* :class:`ClusterState` holds the latest Pods, Namespaces and
+  NetworkPolicies as raw API JSON and counts changes (``generation``).
+  Anything may feed it: the watch threads, or a test.
 * :class:`PodNetworkController` runs one reconcile thread that, after a
   change and a short debounce (a burst of events becomes one apply),
-  recompiles everything from a snapshot and applies only what differs: the
-  nat table (services), the DNS zone, the filter table (policies), the node
-  port listeners (:mod:`.nodeports`).  Each table is one atomic
-  ``iptables-restore`` commit.  A failed apply is retried after a back-off, and
-  so is a node port that could not be bound.
+  recompiles the policies from a snapshot and applies the filter table
+  (one atomic ``iptables-restore`` commit) when it differs.  A failed apply
+  is retried after a back-off.
+
+Services, node ports and cluster DNS are not here: kube-proxy in each node
+translates Service addresses and serves node ports, and CoreDNS pods serve
+DNS (``nodes/``). The retired node agent's pod network did all three in the
+router; the router now holds no nat rule.
 
 The watch layer is deliberately thin: per kind, LIST (raw JSON,
 ``_preload_content=False``) then WATCH from the list's resourceVersion with
@@ -28,24 +32,21 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from clusters.embedded.podnet.dns import build_zone
-from clusters.embedded.podnet.model import Namespace, Pod, Service, endpoints_from_slices
-from clusters.embedded.podnet.network import POD_CIDR, ROUTER_IP, SERVICE_CIDR, PodNetwork
-from clusters.embedded.podnet.nodeports import NODE_IP, NodePortForwarder, compile_host_ports, compile_node_ports
+from clusters.embedded.podnet.model import Namespace, Pod
+from clusters.embedded.podnet.network import POD_CIDR, SERVICE_CIDR, PodNetwork
 from clusters.embedded.podnet.policy import PolicyError, compile_policies
 from clusters.embedded.podnet.proxy import ClusterProxy
-from clusters.embedded.podnet.services import compile_services
 from core.timeouts import PROCESS_EXIT, Tier
 from core.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
-KINDS = ("services", "endpointslices", "pods", "namespaces", "networkpolicies")
+KINDS = ("pods", "namespaces", "networkpolicies")
 
-# A change fed to the controller is compiled and applied (rules and DNS).
+# A change fed to the controller is compiled and applied (its policy rules).
 # Belongs in core/timeouts.py with the other tiers; kept here until the
 # owner of that module moves it.
-POD_NETWORK_SYNC = Tier("pod_network_sync", 30, "a Service/Pod/NetworkPolicy change is live in the pod network")
+POD_NETWORK_SYNC = Tier("pod_network_sync", 30, "a Pod/NetworkPolicy change is live in the pod network")
 
 DEBOUNCE_S = 0.2  # gathers a burst of watch events into one apply
 RETRY_S = 2.0  # back-off after a failed apply or a broken watch
@@ -121,21 +122,18 @@ def _parse(items: list[dict], parse: Callable[[dict], Any], what: str) -> list[A
 
 
 class PodNetworkController:
-    """Watches the API server and keeps ``network``'s services, DNS and policies current.
+    """Watches the API server and keeps ``network``'s policy rules current.
 
     ``kubeconfig`` None runs without watches: feed :attr:`state` directly
     (tests, or a caller with its own informers).  ``state_dir`` defaults to
-    ``<kubeconfig's directory>/podnet``, the same place the node agent's
-    :meth:`PodNetwork.for_run_dir` uses.  ``recheck_established``: see
-    :mod:`.policy` ("Existing connections").  ``node_ip``: the (loopback) address
-    node ports listen on, what the platform's nodes report as ``InternalIP``.
+    ``<kubeconfig's directory>/podnet`` (the platform's run directory).
+    ``recheck_established``: see :mod:`.policy` ("Existing connections").
     """
 
     def __init__(self, kubeconfig: str | Path | None, platform_name: str, *, state_dir: str | Path | None = None,
                  network: PodNetwork | None = None, recheck_established: bool = False,
                  debounce_s: float = DEBOUNCE_S, proxy_tcp_port: int | None = None,
-                 enforce_policies: bool = True, node_ip: str = NODE_IP, serve_dns: bool = True,
-                 policy_nodes: frozenset[str] | None = None, host_ports: bool = False, serve_services: bool = True):
+                 enforce_policies: bool = True, policy_nodes: frozenset[str] | None = None):
         if network is None:
             if state_dir is None:
                 if kubeconfig is None:
@@ -144,11 +142,6 @@ class PodNetworkController:
             network = PodNetwork(platform_name, state_dir)
         self.kubeconfig = None if kubeconfig is None else Path(kubeconfig)
         self.network = network
-        self.serve_dns = serve_dns  # off where CoreDNS pods serve the cluster's DNS (real nodes)
-        # Off where kube-proxy in each node translates Service addresses and
-        # serves node ports (real nodes): the router then holds no Service
-        # rule and no node port listens on this machine's loopback.
-        self.serve_services = serve_services
         self.state = ClusterState()
         self._recheck_established = recheck_established
         # False: a CNI without NetworkPolicy support (flannel): policies are
@@ -156,10 +149,6 @@ class PodNetworkController:
         self.enforce_policies = enforce_policies
         # The nodes the policy engine runs on (None: all); see compile_policies.
         self.policy_nodes = policy_nodes
-        # Pods' hostPorts served on the node address (the node agent's nodes;
-        # real nodes map them with the CNI portmap plugin).
-        self.host_ports = host_ports
-        # Where a CNI hands out addresses this controller learns late (the real nodes): see policy's "New pods".
         self.debounce_s = debounce_s
         self.applied_generation = -1
         self.last_error: BaseException | None = None
@@ -171,10 +160,7 @@ class PodNetworkController:
         self._last: dict[str, Any] = {}
         self._reconcile_lock = threading.Lock()
         self.proxy = ClusterProxy(network.router, (POD_CIDR, SERVICE_CIDR),
-                                  unix_path=cluster_proxy_socket(network.state_dir), tcp_port=proxy_tcp_port,
-                                  resolve=self._resolve)
-        self.nodeports = NodePortForwarder(network.router, node_ip=node_ip, source_ip=ROUTER_IP,
-                                           allowed=(SERVICE_CIDR, POD_CIDR) if host_ports else (SERVICE_CIDR,))
+                                  unix_path=cluster_proxy_socket(network.state_dir), tcp_port=proxy_tcp_port)
 
     @property
     def recheck_established(self) -> bool:
@@ -189,15 +175,11 @@ class PodNetworkController:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> "PodNetworkController":
-        """Open the network, serve DNS (``serve_dns``), start reconciling and (with a kubeconfig) watching."""
+        """Open the network, serve the proxy, start reconciling and (with a kubeconfig) watching."""
         self.network.open()
-        if self.serve_dns:
-            self.network.start_dns()
         self.proxy.start()
-        if self.serve_services:
-            self.nodeports.start()
         self._stop.clear()
-        self._last.clear()  # a fresh DNS server and maybe a rebuilt router: apply everything
+        self._last.clear()  # maybe a rebuilt router: apply everything
         self.state.changed.set()  # first apply even with nothing fed yet
         self._spawn(self._reconcile_loop, "podnet-reconcile")
         if self.kubeconfig is not None:
@@ -216,25 +198,21 @@ class PodNetworkController:
 
     @property
     def threads(self) -> list[threading.Thread]:
-        """Live threads of this controller, DNS included (what stop() must end)."""
-        dns = self.network.dns.threads if self.network.dns else []
-        return [t for t in self._threads if t.is_alive()] + dns + self.proxy.threads + self.nodeports.threads
+        """Live threads of this controller, the proxy's included (what stop() must end)."""
+        return [t for t in self._threads if t.is_alive()] + self.proxy.threads
 
     def stop(self) -> None:
-        """Stop watching, reconciling and serving DNS; rules stay as they are.  Safe to repeat."""
+        """Stop watching, reconciling and serving the proxy; rules stay as they are.  Safe to repeat."""
         self._stop.set()
         self.state.changed.set()
         with self._resp_lock:
             for resp in self._responses.values():
                 _shutdown(resp)
         self.proxy.stop()
-        self.nodeports.stop()
-        wait_for(lambda: [t.name for t in self._threads + self.proxy.threads + self.nodeports.threads
-                          if t.is_alive()],
+        wait_for(lambda: [t.name for t in self._threads + self.proxy.threads if t.is_alive()],
                  lambda alive: not alive, timeout=PROCESS_EXIT, description="pod network controller threads to end",
                  interval=0.05)
         self._threads.clear()
-        self.network.stop_dns()
 
     def close(self) -> None:
         """stop(), then remove every namespace and chain of the network."""
@@ -247,12 +225,6 @@ class PodNetworkController:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _resolve(self, name: str) -> str | None:
-        """First address of ``name`` in the cluster DNS zone (for the proxy's absolute-form requests)."""
-        dns = self.network.dns
-        addrs = dns.resolver.lookup(name)[2] if dns is not None else ()
-        return addrs[0] if addrs else None
-
     # -- reconcile ---------------------------------------------------------------------
 
     def reconcile(self) -> int:
@@ -262,8 +234,6 @@ class PodNetworkController:
 
     def _reconcile(self) -> int:
         generation, snap = self.state.snapshot()
-        services = _parse(snap["services"], Service.from_api, "Service")
-        endpoints = endpoints_from_slices(snap["endpointslices"])
         pods = _parse(snap["pods"], Pod.from_api, "Pod")
         namespaces = _parse(snap["namespaces"], Namespace.from_api, "Namespace")
         policies = []
@@ -278,34 +248,17 @@ class PodNetworkController:
             log.warning("NetworkPolicies not enforced: %s", "; ".join(errors))
         self.policy_errors = errors
 
-        nat = compile_services(services if self.serve_services else [], endpoints, snat_ip=ROUTER_IP)
-        if nat.rules() != self._last.get("nat"):
-            self.network.apply_table(nat)
-            self._last["nat"] = nat.rules()
-        zone = build_zone(services, endpoints)
-        if zone != self._last.get("zone") and self.network.dns is not None:
-            self.network.dns.update(zone)
-            self._last["zone"] = zone
         filt = compile_policies(pods, namespaces, policies, recheck_established=self._recheck_established,
                                 guarded_nodes=self.policy_nodes)
         if filt.rules() != self._last.get("filter"):
             self.network.apply_table(filt)
             self._last["filter"] = filt.rules()
-        # After the nat table: a node port opens only once its cluster IP's DNAT is live.
-        node_ports = compile_node_ports(services, endpoints) if self.serve_services else {}
-        if self.host_ports:  # a node port the API server gave a Service keeps it
-            node_ports = {**compile_host_ports(pods), **node_ports}
-        if node_ports != self._last.get("nodeports") or self.nodeports.errors:
-            self.nodeports.update(node_ports)
-            self._last["nodeports"] = node_ports
         self.applied_generation = generation
         return generation
 
     def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
-            # Set by every change, and by stop(); a node port another program
-            # held is tried again after RETRY_S even without one.
-            self.state.changed.wait(RETRY_S if self.nodeports.errors else None)
+            self.state.changed.wait()  # set by every change, and by stop()
             if self._stop.is_set():
                 return
             self._stop.wait(self.debounce_s)  # let a burst of events land first
@@ -396,13 +349,10 @@ def _list_function(api: Any, kind: str) -> Callable[..., Any]:
     """
     from kubernetes import client
 
-    if kind == "endpointslices":
-        return client.DiscoveryV1Api(api).list_endpoint_slice_for_all_namespaces
     if kind == "networkpolicies":
         return client.NetworkingV1Api(api).list_network_policy_for_all_namespaces
     core = client.CoreV1Api(api)
-    return {"services": core.list_service_for_all_namespaces, "pods": core.list_pod_for_all_namespaces,
-            "namespaces": core.list_namespace}[kind]
+    return {"pods": core.list_pod_for_all_namespaces, "namespaces": core.list_namespace}[kind]
 
 
 class _Gone(Exception):

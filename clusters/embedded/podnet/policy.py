@@ -1,7 +1,12 @@
 """NetworkPolicy (networking.k8s.io/v1) compiled to iptables filter rules for the router namespace.
 
-Every pod-to-pod packet crosses the router's FORWARD chain after service DNAT,
-so one place sees the real source and destination pod of every connection.
+Every pod-to-pod packet crosses the router's FORWARD chain (``nodes/fabric.py``)
+after kube-proxy in the sender's node translated any Service address, so one
+place sees the real source and destination pod of every connection. On the
+platform this engine runs beside kube-router (each node's engine,
+``nodes/netpol.py``) only to cut connections opened before a policy
+(``--recheck-established``); kube-router keeps them.
+
 The compiled chains (all ``RAYPROOF-*``) are::
 
     FORWARD -> RAYPROOF-FORWARD
@@ -30,15 +35,16 @@ of matching namespaces), both (matching pods of matching namespaces), or
 numeric or named ``port`` and ``endPort`` (a range; numeric port only).
 Named ports resolve against the destination pod's container ports: the
 selected pod for ingress, each possible peer pod for egress.  Traffic the
-router itself sends or receives (DNS, node-originated) never crosses FORWARD,
-so it is always allowed, like "traffic from the pod's own node".
+router itself sends or receives (the API server's proxy starts there) never
+crosses FORWARD, so this engine never judges it; kube-router in the pod's node
+does.
 
-New pods.  A pod's address reaches these rules only once the node agent has
+New pods.  A pod's address reaches these rules only once kubelet has
 written it to the pod's status and this controller has compiled it, a second
 or more after the pod's processes started; until then no chain matches it and
-its packets pass, whatever the policies that select it (real CNIs isolate a
-pod before its containers start; on the real nodes kube-router does, and this
-engine runs there only beside it, to cut open connections: ``nodes/netpol.py``).
+its packets pass here, whatever the policies that select it (real CNIs
+isolate a pod before its containers start; on the platform kube-router does,
+and this engine runs only beside it, to cut open connections).
 
 Existing connections (REFERENCE §6: implementation defined).  Default
 (``recheck_established=False``): like Calico and Antrea, packets of a

@@ -23,13 +23,13 @@ socket created inside the router namespace (setns'd helper thread; see
 
 (The TCP transport of the egress selector always speaks TLS to the proxy, so
 the Unix socket is the simple one.)  An optional loopback TCP port also takes
-absolute-form requests (``GET http://head-svc.ns.svc.cluster.local:8265/…``),
-resolved through the cluster DNS zone, so a process given
-``HTTP_PROXY=http://127.0.0.1:<port>`` (Go's net/http honours it) reaches
-services by name.  Only pod and service addresses (from the router namespace)
-and loopback addresses (the node agents' kubelet API, from this namespace) are
-ever dialled: anything else is refused with 403, so the proxy cannot carry
-traffic off the machine.
+absolute-form requests (``GET http://198.18.201.5:8265/…``), so a process
+given ``HTTP_PROXY=http://127.0.0.1:<port>`` (Go's net/http honours it)
+reaches pods by address.  Only addresses of the pod range (pods, and the
+nodes' kubelets, ``nodes/fabric.py``) and of the service range are ever
+dialled, from the router namespace: anything else, names and loopback
+addresses included, is refused with 403, so the proxy cannot carry traffic
+off the machine.
 """
 from __future__ import annotations
 
@@ -40,7 +40,6 @@ import socket
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Callable
 
 from clusters.embedded.podnet import _host
 
@@ -53,18 +52,15 @@ DIAL_TIMEOUT_S = 5.0  # socket timeout of the upstream connect, as the API serve
 class ClusterProxy:
     """HTTP CONNECT / forward proxy whose upstream connections start in ``router_netns``.
 
-    ``resolve(name) -> ip | None`` turns service names into addresses (the
-    controller passes its DNS zone lookup); ``allowed`` are the only networks
-    dialled.
+    ``allowed`` are the only networks dialled.
     """
 
     def __init__(self, router_netns: str, allowed: tuple[str, ...], *, unix_path: str | Path | None = None,
-                 tcp_port: int | None = None, resolve: Callable[[str], str | None] | None = None):
+                 tcp_port: int | None = None):
         self.router = router_netns
         self.allowed = tuple(ipaddress.ip_network(n) for n in allowed)
         self.unix_path = None if unix_path is None else Path(unix_path)
         self.tcp_port = tcp_port
-        self.resolve = resolve or (lambda name: None)
         self._listeners: list[socket.socket] = []
         self._open: set[socket.socket] = set()
         self._threads = _host.Threads("podnet-proxy")
@@ -150,10 +146,7 @@ class ClusterProxy:
                 return socket.create_connection((ip, int(port)), timeout=DIAL_TIMEOUT_S)
 
             try:
-                # The API server's "cluster" egress also carries its calls to
-                # node agents (kubectl logs), whose kubelet API listens on the
-                # machine's own loopback: those are dialled from here.
-                upstream = dial() if ipaddress.ip_address(ip).is_loopback else _host.in_netns(self.router, dial)
+                upstream = _host.in_netns(self.router, dial)
             except OSError as exc:
                 return _reply(client, 502, f"dialing {ip}:{port} from the pod network: {exc}")
             upstream.settimeout(None)
@@ -173,12 +166,7 @@ class ClusterProxy:
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:
-            resolved = self.resolve(host)
-            if resolved is None:
-                return None
-            ip = ipaddress.ip_address(resolved)
-        if ip.is_loopback:
-            return str(ip)  # a node agent's kubelet API on this machine
+            return None  # a name: the cluster's DNS is CoreDNS's, in the pods, not here
         return str(ip) if any(ip in net for net in self.allowed) else None
 
     def stop(self) -> None:
