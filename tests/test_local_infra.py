@@ -458,3 +458,24 @@ def test_a_platform_in_the_platform_root_is_not_linked_and_one_elsewhere_is_unli
     assert [link.resolve() for link in elsewhere_root().iterdir()] == [kept.run_dir.resolve()]
     kept.down()
     assert not kept.run_dir.exists() and list(elsewhere_root().iterdir()) == []
+
+
+def test_a_platform_started_on_the_retired_node_agent_comes_down_when_the_agent_left_no_pod(tmp_path, monkeypatch):
+    """A platform an older checkout started on the node agent registered the agent's cleanup, whose
+    module is gone: with no pod in the agent's records down goes on; with pods left it says which
+    checkout still has the agent, and keeps the run directory."""
+    from clusters.embedded.platform import LAST_NODE_AGENT_COMMIT, NODE_AGENT_CLEANUP, EmbeddedPlatform
+
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    platform = EmbeddedPlatform("old", run_dir=tmp_path / "old")
+    state_dir = platform.run_dir / "nodeagent"
+    (state_dir / "pods" / "uid-1").mkdir(parents=True)
+    platform.state.update(name="old", phase="running", cleanups=[
+        {"function": NODE_AGENT_CLEANUP, "kwargs": {"state_dir": str(state_dir)}}])
+    with pytest.raises(RuntimeError, match=rf"no longer has.*1 pods.*worktree add \S+ {LAST_NODE_AGENT_COMMIT}"):
+        platform.down()
+    assert platform.run_dir.is_dir(), "kept for the older checkout's down"
+    (state_dir / "pods" / "uid-1").rmdir()  # what the older checkout's down does
+    done = platform.down()
+    assert any("the retired node agent left no pod" in line for line in done), done
+    assert not platform.run_dir.exists()

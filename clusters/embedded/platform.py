@@ -527,6 +527,9 @@ class EmbeddedPlatform:
         for entry in reversed(self.state.read().get("cleanups", [])):
             module, _, attr = entry["function"].partition(":")
             try:
+                if entry["function"] == NODE_AGENT_CLEANUP:
+                    done.append(self._node_agent_left(Path(entry["kwargs"]["state_dir"])))
+                    continue
                 getattr(importlib.import_module(module), attr)(**entry["kwargs"])
                 done.append(f"cleanup {entry['function']}")
             except Exception as exc:  # noqa: BLE001 - reported together below
@@ -545,6 +548,20 @@ class EmbeddedPlatform:
         if self._elsewhere_link is not None:
             self._elsewhere_link.unlink(missing_ok=True)
         return done
+
+    def _node_agent_left(self, state_dir: Path) -> str:
+        """The cleanup of a platform an older checkout started on the retired node agent (issue 39),
+        whose code is gone: nothing to do where its pods' records are gone (the agent stops its
+        containers when it is stopped), else what to run."""
+        left = sorted(p.name for p in (state_dir / "pods").iterdir()) if (state_dir / "pods").is_dir() else []
+        if not left:
+            return f"cleanup {NODE_AGENT_CLEANUP}: the retired node agent left no pod in {state_dir}"
+        raise RuntimeError(
+            f"platform {self.name} was started on the node agent, which this checkout no longer has, and its "
+            f"records in {state_dir} name {len(left)} pods whose containers may still run: take it down with a "
+            f"checkout that has it (`git worktree add /tmp/rayproof-node-agent {LAST_NODE_AGENT_COMMIT} && "
+            f"/tmp/rayproof-node-agent/bin/rayproof down --name {self.name}`, or its `clean` for a test "
+            "session's platform), then run down here again")
 
     @property
     def _elsewhere_link(self) -> Path | None:
@@ -660,6 +677,12 @@ class EmbeddedPlatform:
     def listening_ports(self) -> set[int]:
         """TCP ports our processes listen on (for leak checks)."""
         return listening_ports([r.pid for r in self.supervisor.records() if r.identity_ok()])
+
+
+# A platform started before the node agent retired (issue 39) registered this
+# cleanup of the agent's containers; its module is gone (EmbeddedPlatform._node_agent_left).
+NODE_AGENT_CLEANUP = "clusters.embedded.nodeagent.state:cleanup"
+LAST_NODE_AGENT_COMMIT = "7aa57c0"  # main where its retirement branched off: the agent is there
 
 
 def _python_env() -> dict[str, str]:
