@@ -73,8 +73,9 @@ class Target(Protocol):
 
 def open_target(kubeconfig: str | Path | None = None, *, context: str | None = None,
                 platform_name: str | None = None, platform_profile: str | Path | None = None,
-                progress: Progress = lambda m: None) -> Target:
-    """The cluster named by ``kubeconfig``, or the embedded platform when it is None."""
+                progress: Progress = lambda m: None, wait_for_room: bool = False) -> Target:
+    """The cluster named by ``kubeconfig``, or the embedded platform when it is None (``wait_for_room``:
+    the project's tests wait for this machine's other platforms to leave it room, see ``EmbeddedPlatform.up``)."""
     if kubeconfig is not None:
         from clusters.existing import ExistingCluster
 
@@ -83,4 +84,5 @@ def open_target(kubeconfig: str | Path | None = None, *, context: str | None = N
         return ExistingCluster(kubeconfig, context=context)
     from clusters.embedded.target import EmbeddedTarget
 
-    return EmbeddedTarget.start(name=platform_name, profile=platform_profile, progress=progress)
+    return EmbeddedTarget.start(name=platform_name, profile=platform_profile, progress=progress,
+                                wait_for_room=wait_for_room)

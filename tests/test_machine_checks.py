@@ -47,6 +47,7 @@ def test_up_refuses_a_machine_short_of_inotify_instances_before_starting_anythin
     limit.write_text("1\n")
     monkeypatch.setattr(machine, "MAX_USER_INSTANCES", limit)
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))  # not this machine's lock of platform starts
     monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     started = []
     platform = EmbeddedPlatform("short", binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
@@ -84,6 +85,7 @@ def test_up_refuses_real_nodes_the_disk_cannot_hold_before_starting_anything(tmp
     monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     monkeypatch.setattr(machine, "REAL_NODE_OWN_BYTES", 2**62)  # more than any disk holds
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))
     started = []
     platform = EmbeddedPlatform("short",
                                 binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
@@ -102,6 +104,7 @@ def test_certify_on_a_machine_short_of_inotify_instances_exits_4_creating_nothin
     limit.write_text("1\n")
     monkeypatch.setattr(machine, "MAX_USER_INSTANCES", limit)
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(build, "ensure_built", lambda progress=None: {"kube-apiserver": Path("/nonexistent/x")})
     monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     out = tmp_path / "report"
@@ -109,3 +112,93 @@ def test_certify_on_a_machine_short_of_inotify_instances_exits_4_creating_nothin
     err = capsys.readouterr().err
     assert "fs.inotify.max_user_instances" in err and "nothing was created" in err
     assert not (tmp_path / "cache" / "platform" / "short").exists() and not out.exists()
+
+
+class _Started(Exception):
+    """The platform's start began (the test stops it there)."""
+
+
+def _short_then(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shortfalls: int) -> tuple[EmbeddedPlatform, list[str]]:
+    """A platform whose machine is short of inotify instances for the first ``shortfalls`` checks, beside
+    another platform on this machine; the checks it made are listed, its start raises :class:`_Started`."""
+    from clusters.embedded import platform as platform_mod
+
+    monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(machine, "check_cgroups", lambda: None)
+    monkeypatch.setattr(machine, "check_disk", lambda *args, **kwargs: None)
+    monkeypatch.setattr(platform_mod, "ROOM_POLL_S", 0.01)
+    (tmp_path / "cache" / "platform" / "other").mkdir(parents=True)  # another platform holds instances
+    checks: list[str] = []
+
+    def check(name, node_count, others, **kwargs):
+        checks.append(f"{name} beside {others}")
+        if len(checks) <= shortfalls:
+            raise machine.MachineUnfit(f"platform {name} needs about 52 inotify instances")
+
+    monkeypatch.setattr(machine, "check_inotify", check)
+    platform = EmbeddedPlatform("waits", binaries={"kube-apiserver": Path("/nonexistent/kube-apiserver")})
+
+    def start():
+        raise _Started()
+
+    monkeypatch.setattr(platform, "control_plane", start)
+    return platform, checks
+
+
+def test_a_test_runs_platform_waits_for_room_until_the_others_leave_it_some(tmp_path, monkeypatch):
+    platform, checks = _short_then(tmp_path, monkeypatch, shortfalls=2)
+    said = []
+    platform.progress = said.append
+    with pytest.raises(_Started):
+        platform.up(session=True, wait_for_room=True)
+    assert checks == ["waits beside ['other']"] * 3  # short twice, then it started
+    assert sum("waiting for another platform to go down" in line for line in said) == 1, said
+
+
+def test_up_and_certify_refuse_a_machine_short_of_room_at_once_instead_of_waiting(tmp_path, monkeypatch):
+    platform, checks = _short_then(tmp_path, monkeypatch, shortfalls=1)
+    with pytest.raises(machine.MachineUnfit, match="needs about 52 inotify instances"):
+        platform.up(session=True)
+    assert checks == ["waits beside ['other']"]
+
+
+def test_a_test_runs_platform_gives_up_waiting_for_room_at_its_named_bound(tmp_path, monkeypatch):
+    from core.waiting import WaitTimeout
+
+    platform, checks = _short_then(tmp_path, monkeypatch, shortfalls=10**6)
+    monkeypatch.setenv("RAYPROOF_TIMEOUT_PLATFORM_ROOM", "0.2")
+    with pytest.raises(WaitTimeout, match="room on this machine for platform waits") as gave_up:
+        platform.up(session=True, wait_for_room=True)
+    assert "needs about 52 inotify instances" in str(gave_up.value)  # what it last saw
+    assert len(checks) > 1
+
+
+def test_one_platform_starts_at_a_time_on_this_machine(tmp_path, monkeypatch):
+    """The start lock is held from the checks until the start ends: a second start waits for it."""
+    import fcntl
+
+    from core.locks import open_lock
+
+    monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("RAYPROOF_TIMEOUT_PLATFORM_ROOM", "0.3")
+    said: list[str] = []
+    with machine.starts_lock(said.append):
+        other = open_lock(tmp_path / "run" / "platform-starts.lock")
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    assert said == []
+    from core.waiting import WaitTimeout
+
+    held = open_lock(tmp_path / "run" / "platform-starts.lock")
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(WaitTimeout, match="another embedded platform on this machine to finish starting"):
+            with machine.starts_lock(said.append):
+                pass
+    finally:
+        os.close(held)
+    assert said == ["waiting for another embedded platform on this machine to finish starting ..."]

@@ -275,7 +275,8 @@ def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_it
 
     class Target:
         @classmethod
-        def start(cls, *, name, profile, progress):
+        def start(cls, *, name, profile, progress, wait_for_room):
+            assert wait_for_room, "a self-test's platform waits for the run's others to leave it room"
             started.append((name, yaml.safe_load(Path(profile).read_text())))
             return cls()
 
@@ -292,6 +293,30 @@ def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_it
     platform.close()
     assert started == [("selftest-broken", {"nodes": {"runtime": "kubelet", "count": 3},
                                             "network": {"enforceNetworkPolicy": False}}), "closed"]
+
+
+def test_a_self_test_module_holds_one_of_its_platforms_at_a_time(tmp_path, monkeypatch):
+    """Asking for another platform takes the last one down first; asking for the same one again reuses it."""
+    from tests.selftest import clause_runs
+
+    events = []
+
+    def platform(config, factory, name, profile):
+        events.append(f"up {name}")
+        try:
+            yield name, tmp_path / name
+        finally:
+            events.append(f"down {name}")
+
+    monkeypatch.setattr(clause_runs, "misconfigured_platform", platform)
+    one = clause_runs.OnePlatformAtATime(config=None, tmp_path_factory=None)
+    assert one.get("impatient", {})[0] == "impatient"
+    assert one.get("impatient", {})[0] == "impatient"
+    assert one.get("broken", {})[0] == "broken"
+    assert events == ["up impatient", "down impatient", "up broken"]
+    one.close()
+    one.close()
+    assert events[-1] == "down broken" and len(events) == 4
 
 
 def test_a_bad_platform_profile_stops_the_run_before_it_starts_and_names_the_users_file(pytester, tmp_path,
@@ -387,7 +412,7 @@ def test_the_test_command_runs_one_tier_of_the_clause_passes_and_self_tests_unle
     monkeypatch.setattr(cli, "_pytest", lambda args: seen.append(args) or 0)
     assert cli.main(["test", "-x"]) == 0
     tier = seen[0][seen[0].index("--tier") + 1]
-    assert tier in ("0/2", "1/2") and "bin/rayproof test --all" in capsys.readouterr().out
+    assert tier in ("0/3", "1/3", "2/3") and "bin/rayproof test --all" in capsys.readouterr().out
     assert cli.main(["test", "--all", "-x"]) == 0
     assert "--tier" not in seen[1] and "--all" not in seen[1] and seen[1][-1] == "-x"
 
@@ -414,3 +439,21 @@ def test_tiers_deal_out_whole_units_and_together_run_everything():
     assert lane <= ran[0] or lane <= ran[1], "a self-test chain stays whole"
     with pytest.raises(pytest.UsageError, match="give K/N"):
         tier_of(items, "2/2")
+
+
+def test_tiers_weigh_a_unit_by_its_tests_and_the_platforms_it_starts():
+    """A self-test chain of two tests on a platform of its own weighs as much as four clause passes."""
+    from types import SimpleNamespace as NS
+
+    from fixtures.plugin import PLATFORM_START_WEIGHT, tier_of
+
+    def item(nodeid: str, group: str | None = None, fixtures: tuple[str, ...] = ()) -> NS:
+        marks = {"slow": NS(args=()), "xdist_group": NS(args=(group,), kwargs={}) if group else None}
+        return NS(nodeid=nodeid, get_closest_marker=lambda name: marks.get(name), fixturenames=fixtures)
+
+    assert PLATFORM_START_WEIGHT == 2
+    chain = [item(f"tests/selftest/s.py::test_{x}", group="lane", fixtures=("broken_platform", "tmp_path"))
+             for x in "xy"]
+    passes = [item(f"conformance/a.py::test_{x}") for x in "abcd"]
+    dealt = [{i.nodeid for i in tier_of([*passes, *chain], f"{k}/2")[0]} for k in (0, 1)]
+    assert dealt == [{i.nodeid for i in chain}, {i.nodeid for i in passes}]

@@ -18,12 +18,18 @@
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 from pathlib import Path
+from typing import Callable, Iterator
 
 from clusters.embedded.controlplane import fd_targets
 from clusters.embedded.nodes.node import v1_hierarchies
+from core import timeouts
+from core.locks import open_lock, runtime_dir
+from core.waiting import wait_for
 
 MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 # Instances each part holds once up, counted on running platforms (a process's
@@ -118,3 +124,26 @@ def check_disk(name: str, node_count: int, where: Path, others: list[str], *,
         + (f"take another embedded platform down (`bin/rayproof down --name NAME`; here: {', '.join(others)}), "
            if others else "")
         + "free disk there, or run fewer nodes (nodes.count in the platform profile)")
+
+
+@contextlib.contextmanager
+def starts_lock(progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold this machine's one start of an embedded platform: from the checks of what is left (inotify
+    instances, disk) until the platform is up, so a platform starting beside another counts what that one
+    holds instead of what it held before it started."""
+    fd = open_lock(runtime_dir() / "platform-starts.lock")
+    try:
+        def taken() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        if not taken():
+            progress("waiting for another embedded platform on this machine to finish starting ...")
+            wait_for(taken, timeout=timeouts.PLATFORM_ROOM, interval=2, ignore=(),
+                     description="another embedded platform on this machine to finish starting")
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -66,6 +66,14 @@ UNHEALTHY = "it is unhealthy: "
 OTHER_PROFILE = "it runs with a different profile"
 
 
+# How often a test session's platform looks again for room beside the others.
+ROOM_POLL_S = 10.0
+
+
+class RoomShort(str):
+    """Why a test session's platform cannot start beside the others yet (``up(wait_for_room=True)`` waits)."""
+
+
 def platform_root() -> Path:
     """``<cache>/platform``: where named platforms keep their run directories."""
     return build.cache_root() / "platform"
@@ -379,7 +387,7 @@ class EmbeddedPlatform:
         """Brought up by a test session (taken down when its last user leaves)."""
         return self._users_dir.is_dir()
 
-    def up(self, *, session: bool = False) -> "EmbeddedPlatform":
+    def up(self, *, session: bool = False, wait_for_room: bool = False) -> "EmbeddedPlatform":
         """Bring the platform up, or reuse it if it is already up and healthy.
 
         ``session``: a test session uses it. If this call brings it up, or
@@ -387,13 +395,39 @@ class EmbeddedPlatform:
         :meth:`leave` takes it down. One brought up by ``rayproof up`` has no
         users and is left running.
 
+        ``wait_for_room`` (the project's tests): where the other embedded
+        platforms on this machine leave too few inotify instances for this
+        one, wait for them to go down (``timeouts.PLATFORM_ROOM``) instead of
+        refusing. A test run's platforms then start as others end, however
+        its workers' turns fall (a four-node platform beside another leaves
+        too few of the default 128 for a third); ``rayproof up`` and
+        ``certify`` refuse at once.
+
         On failure every started process is stopped, the run directory (with
         the logs) is kept for diagnosis with phase ``failed``, and the error
         is raised; the next ``up`` or ``down`` clears it.
         """
+        if not wait_for_room:
+            started = self._up(session, wait_for_room=False)
+            assert isinstance(started, EmbeddedPlatform)
+            return started
+        said: list[str] = []
+
+        def attempt() -> "EmbeddedPlatform | RoomShort":
+            outcome = self._up(session, wait_for_room=True)
+            if isinstance(outcome, RoomShort) and not said:
+                said.append(outcome)
+                self.progress(f"platform {self.name}: waiting for another platform to go down: {outcome}")
+            return outcome
+
+        return wait_for(attempt, lambda outcome: isinstance(outcome, EmbeddedPlatform), timeout=timeouts.PLATFORM_ROOM,
+                        interval=ROOM_POLL_S, ignore=(), description=f"room on this machine for platform {self.name}")
+
+    def _up(self, session: bool, *, wait_for_room: bool) -> "EmbeddedPlatform | RoomShort":
+        """:meth:`up` once: the platform, or (``wait_for_room``) why it cannot start beside the others yet."""
         from core.processes import join_users, owner_token
 
-        with self._locked():
+        with self._locked(), contextlib.ExitStack() as starting:
             binaries = self.binaries()
             reason = self._reuse_blocker(binaries)
             if reason is None:
@@ -421,9 +455,18 @@ class EmbeddedPlatform:
             if self.run_dir.exists():
                 self.progress(f"platform {self.name}: {reason}; clearing {self.run_dir}")
                 self._teardown()
-            # What the platform replaced held inotify instances until now.
+            # What the platform replaced held inotify instances until now. One
+            # start at a time on this machine, from this check until it is up,
+            # so the next one counts what this one holds.
+            starting.enter_context(machine.starts_lock(self.progress))
             others = sorted(d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name)
-            machine.check_inotify(self.name, self.profile.node_count, others)
+            elsewhere = [p.name for p in platforms_elsewhere() if p.name != self.name]
+            try:
+                machine.check_inotify(self.name, self.profile.node_count, others)
+            except machine.MachineUnfit as exc:
+                if wait_for_room and (others or elsewhere):  # they free instances as they go down
+                    return RoomShort(str(exc))
+                raise
             machine.check_disk(self.name, self.profile.node_count, self.run_dir, others,
                                images_shared=bool(self.profile.prepull_images))
             self.run_dir.mkdir(parents=True)
@@ -704,6 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", default=DEFAULT_NAME, help="platform name (default %(default)s)")
     parser.add_argument("--run-dir", default=None, help="run directory (default <cache>/platform/<name>)")
     parser.add_argument("--profile", default=None, help="profile YAML merged over clusters/embedded/profile.yaml")
+    parser.add_argument("--wait-for-room", action="store_true",
+                        help="up: wait for other platforms to leave this machine room instead of refusing (tests)")
     args = parser.parse_args(argv)
     log: Progress = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -713,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "up":
-            p.up()
+            p.up(wait_for_room=args.wait_for_room)
             kubectl = p.binaries()["kubectl"]
             print(f"kubeconfig: {p.kubeconfig}")
             print(f"kubectl:    {kubectl} (Kubernetes {build.load_versions()['kubernetes']['version']}, as the "

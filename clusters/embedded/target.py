@@ -34,7 +34,7 @@ class EmbeddedTarget:
 
     @classmethod
     def start(cls, *, name: str | None = None, profile: Any = None, run_dir: Path | None = None,
-              progress: Progress = lambda m: None) -> "EmbeddedTarget":
+              progress: Progress = lambda m: None, wait_for_room: bool = False) -> "EmbeddedTarget":
         """Bring the platform up unless it runs with this profile already.
 
         Test sessions share it: each one that brings it up or finds it
@@ -43,10 +43,11 @@ class EmbeddedTarget:
         pytest-xdist workers and the ``certify`` command that started them
         use one platform. One whose recorded sessions are all gone
         (SIGKILLed) is adopted. A platform brought up by ``rayproof up``
-        records nobody and is never taken down here.
+        records nobody and is never taken down here. ``wait_for_room``: see
+        :meth:`EmbeddedPlatform.up`.
         """
         p = EmbeddedPlatform(name or DEFAULT_TARGET_NAME, run_dir=run_dir, profile=profile, progress=progress)
-        p.up(session=True)
+        p.up(session=True, wait_for_room=wait_for_room)
         return cls(p)
 
     @property

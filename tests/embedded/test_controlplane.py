@@ -47,17 +47,23 @@ class Started:
         self.api = platform.api_client()
 
 
+# One node, no image pre-pulled: these tests are of the control plane and the operators, which need no pods
+# of their own, and a test run's other platforms leave room on this machine for a small one.
+ONE_NODE = {"nodes": {"count": 1, "prepullImages": []}}
+
+
 @pytest.fixture(scope="module")
 def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     """Module scope: one embedded platform in a temporary run directory, started
     in one of the machine's host slots; down() at teardown, always."""
     binaries = build.ensure_built(progress=print)  # outside the timing: the warm figure excludes builds
     run_dir = tmp_path_factory.mktemp("embedded") / "platform"
-    platform = EmbeddedPlatform(f"test-{os.getpid()}", run_dir=run_dir, binaries=binaries, progress=print)
+    platform = EmbeddedPlatform(f"test-{os.getpid()}", run_dir=run_dir, binaries=binaries, progress=print,
+                                profile=ONE_NODE)
     try:
         with host_slot():  # the wait for it is outside the timing too
             t0 = time.monotonic()
-            platform.up()
+            platform.up(wait_for_room=True)
             s = Started(platform, time.monotonic() - t0)
         yield s
         s.api.close()
@@ -218,7 +224,7 @@ def test_second_up_reuses_the_running_platform(started: Started) -> None:
     p = started.platform
     before = {r.name: r.pid for r in p.supervisor.records()}
     started_at = p.state.read()["started_at"]
-    again = EmbeddedPlatform(p.name, run_dir=p.run_dir, binaries=p.binaries()).up()
+    again = EmbeddedPlatform(p.name, run_dir=p.run_dir, binaries=p.binaries(), profile=ONE_NODE).up()
     after = {r.name: r.pid for r in again.supervisor.records()}
     assert after == before, f"PIDs before {before}, after {after}"
     assert again.state.read()["started_at"] == started_at

@@ -37,16 +37,19 @@ def test_down_after_up_was_killed(tmp_path: Path) -> None:
     build.ensure_built(progress=print)
     run_dir = tmp_path / "platform"
     name = f"crash-{os.getpid()}"
+    profile = tmp_path / "profile.yaml"  # one node: what is killed here is the control plane's start
+    profile.write_text("nodes:\n  count: 1\n  prepullImages: []\n")
     starter = subprocess.Popen(
-        [sys.executable, "-m", "clusters.embedded.platform", "up", "--name", name, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "clusters.embedded.platform", "up", "--name", name, "--run-dir", str(run_dir),
+         "--profile", str(profile), "--wait-for-room"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    platform = EmbeddedPlatform(name, run_dir=run_dir)
+    platform = EmbeddedPlatform(name, run_dir=run_dir, profile=profile)
     try:
         sup = Supervisor(run_dir)
-        wait_for(lambda: sup.running("kube-apiserver") and sup.running("etcd"), timeout=timeouts.CONTROL_PLANE_START,
-                 description="the starter to have started etcd and the API server")
+        wait_for(lambda: sup.running("kube-apiserver") and sup.running("etcd"), timeout=timeouts.PLATFORM_ROOM,
+                 description="the starter to have found room and started etcd and the API server")
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait()
         records: list[ProcRecord] = sup.records()

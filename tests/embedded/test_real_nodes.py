@@ -71,7 +71,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPlatf
                          profile={"nodes": {"runtime": "kubelet", "count": NODES}})
     with host_slot():
         try:
-            yield p.up()
+            yield p.up(wait_for_room=True)
         finally:
             p.down()
 
@@ -763,7 +763,7 @@ def test_a_node_short_of_memory_evicts_the_pod_furthest_over_its_requests(tmp_pa
         "prepullImages": []}})
     with host_slot():
         try:
-            p.up()
+            p.up(wait_for_room=True)
             core = client.CoreV1Api(p.api_client())
             calm = shell_pod("calm", "sleep 3600", memory="16Mi")
             calm["spec"]["containers"][0]["resources"]["requests"] = {"memory": "16Mi", "cpu": "100m"}
@@ -804,7 +804,7 @@ def test_down_leaves_no_process_namespace_cgroup_or_host_path(tmp_path: Path) ->
     before = set(node_mod.host_leaks())
     with host_slot():
         try:
-            p.up()
+            p.up(wait_for_room=True)
             core = client.CoreV1Api(p.api_client())
             core.create_namespaced_pod("default", shell_pod("sleeper", "sleep 3600"))
             wait_for(lambda: core.read_namespaced_pod("sleeper", "default").status.phase,
@@ -834,12 +834,12 @@ def test_down_after_up_was_killed_with_nodes_running(tmp_path: Path) -> None:
     with host_slot():
         starter = subprocess.Popen(
             [sys.executable, "-m", "clusters.embedded.platform", "up", "--name", name, "--run-dir", str(run_dir),
-             "--profile", str(profile)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+             "--profile", str(profile), "--wait-for-room"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         p = EmbeddedPlatform(name, run_dir=run_dir, profile=profile)
         try:
-            wait_for(lambda: sup.running("kubelet-1"), timeout=timeouts.CONTROL_PLANE_START,
-                     description="the starter to have started the node's kubelet")
+            wait_for(lambda: sup.running("kubelet-1"), timeout=timeouts.PLATFORM_ROOM,  # beside a test run's others
+                     description="the starter to have found room and started the node's kubelet")
             os.kill(starter.pid, signal.SIGKILL)
             starter.wait()
             records = sup.records()

@@ -74,8 +74,36 @@ def misconfigured_platform(config: pytest.Config, tmp_path_factory: pytest.TempP
     path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
     path.write_text(yaml.safe_dump(merged(run_platform_profile(config), profile)))
     with host_slot():
-        target = EmbeddedTarget.start(name=name, profile=path, progress=print)
+        target = EmbeddedTarget.start(name=name, profile=path, progress=print, wait_for_room=True)
         try:
             yield name, path
         finally:
             target.close()  # down when no other session of this machine uses it
+
+
+class OnePlatformAtATime:
+    """A self-test module's misconfigured platforms (:func:`misconfigured_platform`), one up at a time: asking
+    for another takes the last one down first. A module's tests run one after another in one worker (its
+    xdist group), so a module of several platforms holds one of them at a time, where module-scoped fixtures
+    would hold every one until the module ends (on real nodes two cores' inotify instances hold two four-node
+    platforms, the session's and one more)."""
+
+    def __init__(self, config: pytest.Config, tmp_path_factory: pytest.TempPathFactory):
+        self.config, self.tmp_path_factory = config, tmp_path_factory
+        self.name: str | None = None
+        self.platform: tuple[str, Path] | None = None
+        self._running: Iterator[tuple[str, Path]] | None = None
+
+    def get(self, name: str, profile: dict) -> tuple[str, Path]:
+        """Platform ``name`` started with ``profile`` (as :func:`misconfigured_platform`), the last one down."""
+        if self.platform is None or self.name != name:
+            self.close()
+            self._running = misconfigured_platform(self.config, self.tmp_path_factory, name, profile)
+            self.name, self.platform = name, next(self._running)
+        return self.platform
+
+    def close(self) -> None:
+        """Take the platform up now down (its session leaves it), if any."""
+        running, self._running, self.name, self.platform = self._running, None, None, None
+        if running is not None:
+            running.close()

@@ -21,7 +21,7 @@ import pytest
 from clusters.embedded.mutations import entry
 from core.catalogue import clause_tests
 from core.schema import merged
-from tests.selftest.clause_runs import expect_failure, misconfigured_platform, platforms_group, run_clause
+from tests.selftest.clause_runs import OnePlatformAtATime, expect_failure, platforms_group, run_clause
 
 pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 
@@ -37,31 +37,33 @@ TESTS = clause_tests()
 
 
 @pytest.fixture(scope="module")
-def broken_platform(pytestconfig: pytest.Config,
-                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """Module scope; Kueue without waitForPodsReady and a pod network that
-    enforces no NetworkPolicy (a flannel-like CNI); taken down at teardown."""
-    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-broken",
-                                      merged(NO_WAIT_FOR_PODS_READY.platform_profile(),
-                                             NO_ENFORCEMENT.platform_profile()))
+def platforms(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnePlatformAtATime]:
+    """Module scope; this module's platforms, one up at a time (its tests use each in turn); the last one
+    taken down at teardown."""
+    one = OnePlatformAtATime(pytestconfig, tmp_path_factory)
+    try:
+        yield one
+    finally:
+        one.close()
 
 
-@pytest.fixture(scope="module")
-def unmanaged_platform(pytestconfig: pytest.Config,
-                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """Module scope; Kueue without the ray.io/rayjob integration (RayJobs bypass
-    admission); taken down at teardown."""
-    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-unmanaged",
-                                      UNMANAGED.platform_profile())
+@pytest.fixture
+def broken_platform(platforms: OnePlatformAtATime) -> tuple[str, Path]:
+    """Kueue without waitForPodsReady and a pod network that enforces no NetworkPolicy (a flannel-like CNI)."""
+    return platforms.get("selftest-broken", merged(NO_WAIT_FOR_PODS_READY.platform_profile(),
+                                                   NO_ENFORCEMENT.platform_profile()))
 
 
-@pytest.fixture(scope="module")
-def impatient_platform(pytestconfig: pytest.Config,
-                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """Module scope; Kueue's waitForPodsReady at 20 s, shorter than the 30 s
-    image pulls the platform promises are healthy; taken down at teardown."""
-    yield from misconfigured_platform(pytestconfig, tmp_path_factory, "selftest-impatient",
-                                      IMPATIENT.platform_profile())
+@pytest.fixture
+def unmanaged_platform(platforms: OnePlatformAtATime) -> tuple[str, Path]:
+    """Kueue without the ray.io/rayjob integration (RayJobs bypass admission)."""
+    return platforms.get("selftest-unmanaged", UNMANAGED.platform_profile())
+
+
+@pytest.fixture
+def impatient_platform(platforms: OnePlatformAtATime) -> tuple[str, Path]:
+    """Kueue's waitForPodsReady at 20 s, shorter than the 30 s image pulls the platform promises are healthy."""
+    return platforms.get("selftest-impatient", IMPATIENT.platform_profile())
 
 
 def test_adm3_fails_when_wait_for_pods_ready_is_shorter_than_a_healthy_pull(impatient_platform, tmp_path) -> None:
