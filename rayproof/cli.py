@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 # catalogue's CLAUSES_AT_ONCE). Self-tests that start platforms of their own
 # share one group.
 WORKERS = ["-n", str(CLAUSES_AT_ONCE), "--dist", "loadgroup"]
+# `bin/rayproof test`'s JUnit XML report, in the checkout (ignored by git).
+JUNIT_XML = "junit.xml"
 # certify's exit statuses (documented in `certify --help` and the README).
 CERTIFIED_EXIT = 0  # every clause ran to completion and passed, default bounds
 NOT_CERTIFIED_EXIT = 1  # a clause failed or could not be judged
@@ -61,7 +63,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     # The slowest items, so a run that grows longer says where its time went.
     durations = [] if any(a.startswith("--durations") for a in extra) else ["--durations=40"]
     tier = [] if everything or any(a.startswith("--tier") for a in extra) else ["--tier", test_tier()]
-    return _pytest([*parallel, *durations, *tier, str(REPO / "tests"), str(REPO / "conformance"), *extra])
+    # CI keeps the JUnit report; its properties name the tier that ran.
+    junit = [] if any(a.startswith("--junit") for a in extra) else [f"--junitxml={REPO / JUNIT_XML}"]
+    return _pytest([*parallel, *durations, *tier, *junit, str(REPO / "tests"), str(REPO / "conformance"), *extra])
 
 
 def test_tier() -> str:

@@ -417,6 +417,15 @@ def test_the_test_command_runs_one_tier_of_the_clause_passes_and_self_tests_unle
     assert "--tier" not in seen[1] and "--all" not in seen[1] and seen[1][-1] == "-x"
 
 
+def test_the_tier_that_ran_is_a_property_of_the_junit_report(pytester):
+    _suite(pytester, CLAUSE_OK)
+    pytester.runpytest("conformance", "--tier", "1/3", "--junitxml=junit.xml").assert_outcomes(passed=1, skipped=1)
+    report = (pytester.path / "junit.xml").read_text()
+    assert '<property name="rayproof_tier" value="1/3 of the clause passes and self-tests (TIERS=3)"' in report, report
+    pytester.runpytest("conformance", "--junitxml=all.xml")
+    assert "rayproof_tier" not in (pytester.path / "all.xml").read_text()
+
+
 def test_tiers_deal_out_whole_units_and_together_run_everything():
     """Each clause pass and each self-test chain (its xdist group) goes to exactly one tier; every other test to all."""
     from types import SimpleNamespace as NS
