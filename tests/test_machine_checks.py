@@ -84,6 +84,7 @@ def test_real_nodes_whose_pre_pulled_images_are_shared_need_two_copies_of_the_ra
 def test_up_refuses_real_nodes_the_disk_cannot_hold_before_starting_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "check_cgroups", lambda: None)  # judged apart, by the machine's mounts
     monkeypatch.setattr(machine, "REAL_NODE_OWN_BYTES", 2**62)  # more than any disk holds
+    monkeypatch.setattr(machine, "check_inotify", lambda *args, **kwargs: None)  # whatever else runs here now
     monkeypatch.setenv("RAYPROOF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RAYPROOF_RUNTIME_DIR", str(tmp_path / "run"))
     started = []
@@ -202,3 +203,17 @@ def test_one_platform_starts_at_a_time_on_this_machine(tmp_path, monkeypatch):
     finally:
         os.close(held)
     assert said == ["waiting for another embedded platform on this machine to finish starting ..."]
+
+
+def test_a_test_waits_for_room_holding_nothing_and_not_for_a_platform_that_runs_already(tmp_path, monkeypatch):
+    """Before it takes a host slot for a start, a test waits for room without any lock; a platform that
+    runs (or starts) already needs none: joining it is up()'s to judge."""
+    platform, checks = _short_then(tmp_path, monkeypatch, shortfalls=2)
+    platform.wait_for_room()
+    assert checks == ["waits beside ['other']"] * 3
+    assert not platform.run_dir.exists() and not (tmp_path / "run" / "platform-starts.lock").exists()
+    platform.run_dir.mkdir(parents=True)
+    platform.state.update(phase="running")
+    checks.clear()
+    platform.wait_for_room()
+    assert checks == []

@@ -283,6 +283,10 @@ def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_it
         def close(self):
             started.append("closed")
 
+        @staticmethod
+        def wait_for_room(*, name, profile):
+            started.append(f"room for {name}")
+
     monkeypatch.setattr(clause_runs, "EmbeddedTarget", Target)
     monkeypatch.setattr(clause_runs, "host_slot", contextlib.nullcontext)
     factory = type("Factory", (), {"mktemp": staticmethod(lambda name: tmp_path / name)})()
@@ -291,7 +295,8 @@ def test_every_platform_a_self_test_starts_takes_the_runs_platform_profile_as_it
         config, factory, "selftest-broken", {"nodes": {"count": 3}, "network": {"enforceNetworkPolicy": False}})
     assert next(platform)[0] == "selftest-broken"
     platform.close()
-    assert started == [("selftest-broken", {"nodes": {"runtime": "kubelet", "count": 3},
+    assert started == ["room for selftest-broken",
+                       ("selftest-broken", {"nodes": {"runtime": "kubelet", "count": 3},
                                             "network": {"enforceNetworkPolicy": False}}), "closed"]
 
 

@@ -423,6 +423,29 @@ class EmbeddedPlatform:
         return wait_for(attempt, lambda outcome: isinstance(outcome, EmbeddedPlatform), timeout=timeouts.PLATFORM_ROOM,
                         interval=ROOM_POLL_S, ignore=(), description=f"room on this machine for platform {self.name}")
 
+    def _other_platforms(self) -> list[str]:
+        """The other embedded platforms on this machine (named ones, and those in temporary directories)."""
+        named = [d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name]
+        return sorted({*named, *(p.name for p in platforms_elsewhere() if p.name != self.name)})
+
+    def wait_for_room(self) -> None:
+        """Wait (``timeouts.PLATFORM_ROOM``), holding nothing, until this machine has room for this
+        platform beside the others (inotify instances), or until it runs or starts already (its reuse is
+        :meth:`up`'s to judge). A test that holds a host slot for a platform's start waits here first, so
+        the slot does not stand idle while the others go down; ``up(wait_for_room=True)`` checks again."""
+        def short_of_room() -> str | None:
+            if self.state.read().get("phase") in ("running", "starting"):
+                return None
+            others = self._other_platforms()
+            try:
+                machine.check_inotify(self.name, self.profile.node_count, others)
+            except machine.MachineUnfit as exc:
+                return str(exc) if others else None  # with none to wait for, up() refuses
+            return None
+
+        wait_for(short_of_room, lambda why: why is None, timeout=timeouts.PLATFORM_ROOM, interval=ROOM_POLL_S,
+                 ignore=(), description=f"room on this machine for platform {self.name}, holding nothing")
+
     def _up(self, session: bool, *, wait_for_room: bool) -> "EmbeddedPlatform | RoomShort":
         """:meth:`up` once: the platform, or (``wait_for_room``) why it cannot start beside the others yet."""
         from core.processes import join_users, owner_token
@@ -460,11 +483,10 @@ class EmbeddedPlatform:
             # so the next one counts what this one holds.
             starting.enter_context(machine.starts_lock(self.progress))
             others = sorted(d.name for d in platform_root().glob("*") if d.is_dir() and d.name != self.name)
-            elsewhere = [p.name for p in platforms_elsewhere() if p.name != self.name]
             try:
                 machine.check_inotify(self.name, self.profile.node_count, others)
             except machine.MachineUnfit as exc:
-                if wait_for_room and (others or elsewhere):  # they free instances as they go down
+                if wait_for_room and self._other_platforms():  # they free instances as they go down
                     return RoomShort(str(exc))
                 raise
             machine.check_disk(self.name, self.profile.node_count, self.run_dir, others,

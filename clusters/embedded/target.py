@@ -50,6 +50,12 @@ class EmbeddedTarget:
         p.up(session=True, wait_for_room=wait_for_room)
         return cls(p)
 
+    @staticmethod
+    def wait_for_room(*, name: str | None = None, profile: Any = None, run_dir: Path | None = None) -> None:
+        """Wait, holding nothing, for this machine to have room for the platform :meth:`start` would
+        start (see :meth:`EmbeddedPlatform.wait_for_room`)."""
+        EmbeddedPlatform(name or DEFAULT_TARGET_NAME, run_dir=run_dir, profile=profile).wait_for_room()
+
     @property
     def kubeconfig(self) -> Path:
         """The certifying identity's: the suite's ClusterRole, not the platform's admin."""

@@ -61,6 +61,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     platform = EmbeddedPlatform(f"test-{os.getpid()}", run_dir=run_dir, binaries=binaries, progress=print,
                                 profile=ONE_NODE)
     try:
+        platform.wait_for_room()  # outside the slot, and outside the timing
         with host_slot():  # the wait for it is outside the timing too
             t0 = time.monotonic()
             platform.up(wait_for_room=True)

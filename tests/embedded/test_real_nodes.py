@@ -69,6 +69,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPlatf
     name = f"kubelet-{os.getpid()}"
     p = EmbeddedPlatform(name, run_dir=tmp_path_factory.mktemp("kubelet") / "platform",
                          profile={"nodes": {"runtime": "kubelet", "count": NODES}})
+    p.wait_for_room()  # before the slot, which would stand idle meanwhile
     with host_slot():
         try:
             yield p.up(wait_for_room=True)

@@ -73,6 +73,7 @@ def misconfigured_platform(config: pytest.Config, tmp_path_factory: pytest.TempP
     platform stood 20 minutes for three clause runs of about a minute each)."""
     path = tmp_path_factory.mktemp(name) / "platform-profile.yaml"
     path.write_text(yaml.safe_dump(merged(run_platform_profile(config), profile)))
+    EmbeddedTarget.wait_for_room(name=name, profile=path)  # before the slot: it would stand idle meanwhile
     with host_slot():
         target = EmbeddedTarget.start(name=name, profile=path, progress=print, wait_for_room=True)
         try:
