@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from clusters import access
+from clusters.embedded.nodes.images import busybox_version
 from core import profile as profile_mod
 from core import timeouts
 from core.waiting import wait_for
@@ -28,6 +29,11 @@ from tests.selftest.clause_runs import misconfigured_platform, platforms_group
 pytestmark = [pytest.mark.slow, platforms_group(__name__)]
 GPUS = "nvidia.com/gpu"
 TENANT_CLASS = "tenant-batch-low"
+
+
+def shell_image() -> str:
+    """The shell image the platform's registry holds (a name it does not hold would never pull)."""
+    return f"busybox:{busybox_version()}"
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,7 @@ def tenant_pod(one_node) -> Iterator[tuple[str, str]]:
     core.create_namespace({"metadata": {"name": ns}})
     core.create_namespaced_pod(ns, {"metadata": {"name": "batch"}, "spec": {
         "priorityClassName": TENANT_CLASS, "terminationGracePeriodSeconds": 1,
-        "containers": [{"name": "batch", "image": "busybox", "command": ["sleep", "3600"],
+        "containers": [{"name": "batch", "image": shell_image(), "command": ["sleep", "3600"],
                         "resources": {"limits": {GPUS: "8"}, "requests": {GPUS: "8"}}}]}})
     wait_for(lambda: core.read_namespaced_pod("batch", ns).status.phase, lambda phase: phase == "Running",
              timeout=timeouts.POD_START, description=f"the tenant's pod {ns}/batch to run")
@@ -83,7 +89,7 @@ def _suite_pod(platform: Any, profile: profile_mod.CertificationProfile) -> tupl
     stack.callback(lambda: client.CoreV1Api(api).delete_namespace(ns))
     lab.create_pod(ns, {"metadata": {"name": "needs-gpus", "labels": lab.labels}, "spec": {
         "terminationGracePeriodSeconds": 1, "containers": [{
-            "name": "c", "image": "busybox", "command": ["sleep", "3600"],
+            "name": "c", "image": shell_image(), "command": ["sleep", "3600"],
             "resources": {"limits": {GPUS: "8"}, "requests": {GPUS: "8"}}}]}})
     return lab, ns, "needs-gpus"
 
