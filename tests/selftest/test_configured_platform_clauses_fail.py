@@ -13,7 +13,7 @@ The change is one a platform team makes. Most are a change to one of the
 platform's golden templates (``clusters/embedded/golden/``), which the
 profile points at exactly as a platform points it at its own: a golden image
 that leaves Ray Train's 30-minute collective timeout, a RayService without
-GCS fault tolerance, a head Service on a NodePort, finished clusters kept for
+GCS fault tolerance, a head on its node's network, finished clusters kept for
 ten minutes. Others change an onboarding class of the platform
 (``clusters/embedded/onboarding/``), installed beside the reference one as
 its operators would and named by the profile's ``teams.namespaceLabels``:
@@ -22,8 +22,9 @@ only, team namespaces whose heads are left open. One points the profile at
 another of the platform's storage classes, a node-local one.
 
 None of these changes needs a platform of its own, yet they run on one (with
-the default settings): SEC-1, which judges every Service of the cluster, would
-see on the session's platform the NodePort its self-test exposes on purpose.
+the default settings): SEC-1, which judges every Service and Ray pod of the
+cluster, would see on the session's platform the host-network head its
+self-test exposes on purpose.
 Each lane holds one of the machine's host slots while it uses the platform,
 and its nested runs inherit it (fixtures/sharing.py): beside the clauses on the session's platform on
 two cores they once made it slow enough that Kueue evicted the gangs of
