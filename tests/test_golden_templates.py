@@ -172,6 +172,20 @@ def test_the_suites_gcs_redis_requires_the_templates_password_and_admits_only_ra
         server.wait(timeout=timeouts.PROCESS_EXIT.seconds)
 
 
+def test_a_head_on_its_nodes_network_has_the_nodes_addresses_admitted_to_its_gcs_store() -> None:
+    """A head with ``hostNetwork`` connects to the GCS store from its node's
+    address, which the Ray-pod selector does not match: the team admits the
+    nodes' addresses too (SEC-1's self-test runs such a head)."""
+    plain = golden.raycluster(profile_mod.load(), "c", {}, workers=1)
+    hosted = golden.raycluster(profile_mod.load(), "c", {}, workers=1)
+    hosted["spec"]["headGroupSpec"]["template"]["spec"]["hostNetwork"] = True
+    assert not golden.head_on_host_network(plain) and golden.head_on_host_network(hosted)
+    _, _, policy = mf.gcs_redis("gcs-redis", {}, "redis:7.2", None, ["198.18.255.11", "198.18.255.12"])
+    [rule] = policy["spec"]["ingress"]
+    assert rule["from"][1:] == [{"ipBlock": {"cidr": "198.18.255.11/32"}}, {"ipBlock": {"cidr": "198.18.255.12/32"}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": mf.GCS_PORT}]
+
+
 def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_knows_its_job() -> None:
     """The reference RayJob's submitter has a liveness probe on the dashboard
     KubeRay points it at (RAY_DASHBOARD_ADDRESS) asking for its job
