@@ -180,9 +180,13 @@ def test_a_head_on_its_nodes_network_has_the_nodes_addresses_admitted_to_its_gcs
     hosted = golden.raycluster(profile_mod.load(), "c", {}, workers=1)
     hosted["spec"]["headGroupSpec"]["template"]["spec"]["hostNetwork"] = True
     assert not golden.head_on_host_network(plain) and golden.head_on_host_network(hosted)
-    _, _, policy = mf.gcs_redis("gcs-redis", {}, "redis:7.2", None, ["198.18.255.11", "198.18.255.12"])
-    [rule] = policy["spec"]["ingress"]
-    assert rule["from"][1:] == [{"ipBlock": {"cidr": "198.18.255.11/32"}}, {"ipBlock": {"cidr": "198.18.255.12/32"}}]
+    pod, _, policy = mf.gcs_redis("gcs-redis", {}, "redis:7.2", None)
+    nodes = mf.gcs_redis_node_policy("gcs-redis", {}, ["198.18.255.11", "198.18.255.12"])
+    assert nodes["spec"]["podSelector"] == policy["spec"]["podSelector"]  # the same Redis pod
+    assert nodes["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert nodes["metadata"]["name"] != policy["metadata"]["name"]
+    [rule] = nodes["spec"]["ingress"]
+    assert rule["from"] == [{"ipBlock": {"cidr": "198.18.255.11/32"}}, {"ipBlock": {"cidr": "198.18.255.12/32"}}]
     assert rule["ports"] == [{"protocol": "TCP", "port": mf.GCS_PORT}]
 
 
