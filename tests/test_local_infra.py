@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,6 +18,8 @@ from core.ray_agent import AGENT_STARTUP_NICE, favour_dashboard_agent_while_star
 from core.waiting import wait_for
 from fixtures import janitor, netns
 from fixtures.local_ray import STARTUP_RESTARTS, RayNodeExited, new_run_id
+
+REPO = Path(__file__).resolve().parents[1]
 
 SERVER = "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
          "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); [s.accept()[0].close() for _ in iter(int, 1)]"
@@ -210,6 +213,34 @@ def test_the_last_session_to_leave_a_shared_platform_takes_it_down(tmp_path, mon
         other.wait()
     assert platform.leave() == ["stopped"], "its last user is gone: the platform comes down"
     assert not platform.run_dir.joinpath("users", str(os.getpid())).exists()
+
+
+def test_a_session_killed_inside_its_platforms_teardown_leaves_it_to_its_sessions_sweep(tmp_path):
+    """An interrupted pytest-xdist worker is stopped by xdist 10 s later,
+    inside the teardown of four real nodes: the platform must still name that
+    worker among its users, or its session's sweep (of what its own workers
+    left) passes it by and it stays up until `rayproof clean`."""
+    from clusters.embedded.platform import EmbeddedPlatform
+
+    run_dir, inside = tmp_path / "killed-in-teardown", tmp_path / "inside-the-teardown"
+    run_dir.mkdir()
+    worker_code = (
+        "import pathlib, threading\n"
+        "from clusters.embedded.platform import EmbeddedPlatform\n"
+        "from core import processes\n"
+        f"platform = EmbeddedPlatform('killed-in-teardown', run_dir=pathlib.Path({str(run_dir)!r}))\n"
+        "processes.join_users(platform.run_dir / 'users')\n"
+        f"platform._teardown = lambda: pathlib.Path({str(inside)!r}).touch() or threading.Event().wait()\n"
+        "platform.leave()\n")
+    worker = subprocess.Popen([sys.executable, "-c", worker_code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_for(inside.exists, timeout=timeouts.PROCESS_EXIT, description="the worker to be inside its teardown")
+    finally:
+        worker.kill()
+        worker.wait()
+    platform = EmbeddedPlatform("killed-in-teardown", run_dir=run_dir)
+    assert janitor.left_by(platform, {worker.pid}), "the killed worker's session sweeps it"
+    assert not janitor.left_by(platform, {os.getpid()}), "a session it never served passes it by"
 
 
 def test_every_run_against_one_embedded_platform_uses_one_directory_of_shares(tmp_path):

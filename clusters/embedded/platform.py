@@ -562,16 +562,22 @@ class EmbeddedPlatform:
 
     def leave(self) -> list[str]:
         """This session stops using the platform; the last live user of a
-        platform a session brought up takes it down. Returns what was done."""
+        platform a session brought up takes it down. Returns what was done.
+
+        The last user stays recorded until the teardown is done: a pytest-xdist
+        worker interrupted with its session is stopped by xdist 10 s later,
+        inside the teardown of four real nodes, and the platform must then
+        still be that worker's for its session's sweep (which takes down only
+        what its own workers leave) to finish the job."""
         from core.processes import leave_users
 
         if not self.run_dir.parent.is_dir():
             return []
         with self._locked():
+            others = [pid for pid in self.session_users() if pid != os.getpid()]
+            done = self._teardown() if self.session_owned() and not others else []
             leave_users(self._users_dir)
-            if self.session_owned() and not self.session_users():
-                return self._teardown()
-            return []
+            return done
 
     def down(self) -> list[str]:
         """Stop every process of the platform and remove its run directory.
