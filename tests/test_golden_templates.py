@@ -223,3 +223,33 @@ def test_the_golden_submitter_is_live_only_while_the_dashboard_it_follows_knows_
         assert probe_exit(address, known) == 0
         assert probe_exit(address, "rayjob-training-other") != 0
     assert probe_exit(address, known) != 0
+
+
+def test_the_golden_ray_containers_probe_rays_node_health_over_http() -> None:
+    """Every Ray container of the reference templates is probed over HTTP at
+    the dashboard agent's unified health route (the raylet, and the GCS on a
+    head), as KubeRay v1.6 does for Ray 2.53 and later, with KubeRay's
+    timings, instead of KubeRay v1.5's bash-and-wget exec. A RayService
+    worker's readiness stays KubeRay's, which adds the Serve proxy's health."""
+    import ray._private.ray_constants as ray_constants
+    from ray.dashboard.modules.reporter import healthz_agent
+
+    assert '@routes.get("/api/healthz")\n    async def unified_health' in Path(healthz_agent.__file__).read_text(), \
+        "the installed Ray's dashboard agent serves its unified node health at /api/healthz"
+    templates = profile_mod.load().templates
+    for kind, template in templates.items():
+        spec = template["spec"].get("rayClusterSpec") or template["spec"].get("rayClusterConfig") or template["spec"]
+        groups = [("head", spec["headGroupSpec"]), *(("worker", g) for g in spec["workerGroupSpecs"])]
+        for role, group in groups:
+            container = group["template"]["spec"]["containers"][0]
+            probes = {"livenessProbe": (30, 120)}
+            if not (kind == "rayService" and role == "worker"):
+                probes["readinessProbe"] = (10, 10)
+            else:
+                assert "readinessProbe" not in container, f"{kind} {role}: readiness is KubeRay's (Serve proxy)"
+            for name, (delay, failures) in probes.items():
+                probe = container[name]
+                assert "exec" not in probe and probe["httpGet"] == {
+                    "path": "/api/healthz", "port": ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT}, (kind, role)
+                assert (probe["initialDelaySeconds"], probe["periodSeconds"], probe["failureThreshold"],
+                        probe["timeoutSeconds"]) == (delay, 5, failures, 5 if role == "head" else 2), (kind, role, name)
