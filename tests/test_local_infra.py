@@ -373,59 +373,6 @@ def test_host_slots_cap_work_on_this_machine_and_pass_to_children(tmp_path, monk
         sharing.host_slots(root)
 
 
-def test_a_clause_waiting_for_its_cluster_share_holds_no_host_slot(tmp_path, monkeypatch):
-    """room_for_clause takes the cluster's shares before the host slots: while
-    another clause holds the cluster, the waiting one leaves this machine's
-    slot to work that can run (a local-Ray test), and takes it once the
-    share is free."""
-    from core import timeouts
-    from core.waiting import wait_for
-    from fixtures import sharing
-
-    monkeypatch.setenv(sharing.HOST_SLOTS_ENV, "1")
-    monkeypatch.delenv(sharing.HOST_SLOT_HELD_ENV, raising=False)
-    monkeypatch.setenv("RAYPROOF_TIMEOUT_CLUSTER_SHARE", "60")
-    shares = sharing.ClusterShares("a cluster of one share", 1, root=tmp_path / "shares")
-    slots_root = tmp_path / "slots"
-    other_clause = shares._take(1)
-    assert other_clause is not None
-    inside, leave, failed = threading.Event(), threading.Event(), []
-
-    def waiting_clause() -> None:
-        try:
-            with sharing.room_for_clause(shares, 1, on_this_machine=True, host_root=slots_root) as waits:
-                assert set(waits) == {"cluster_share"}, waits
-                inside.set()
-                leave.wait(timeouts.PROCESS_EXIT.seconds)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread below
-            failed.append(exc)
-            inside.set()
-
-    clause = threading.Thread(target=waiting_clause)
-    clause.start()
-    free_the_share = True
-    try:
-        wait_for(lambda: sharing._try_lock(shares.dir / "turnstile"), lambda fd: fd is None or os.close(fd),
-                 timeout=timeouts.PROCESS_EXIT, ignore=(),
-                 description="the second clause to queue for the cluster's share (its turnstile held)")
-        slot = sharing.host_slots(slots_root)._take(1)
-        assert slot is not None, "a clause waiting for its cluster share holds the machine's only slot"
-        for fd in slot:
-            os.close(fd)
-        free_the_share = False
-        for fd in other_clause:
-            os.close(fd)
-        assert inside.wait(timeouts.PROCESS_EXIT.seconds) and not failed, failed
-        assert sharing.host_slots(slots_root)._take(1) is None, "inside, the clause holds the slot"
-    finally:
-        if free_the_share:  # a failed check: the waiting clause gets its share and ends
-            for fd in other_clause:
-                os.close(fd)
-        leave.set()
-        clause.join()
-    assert not failed, failed
-
-
 def test_a_platform_started_from_other_platform_files_is_not_reused(tmp_path, monkeypatch):
     """A running platform whose onboarding classes, baseline or processes come
     from another checkout (an earlier `rayproof up`) is not the reference

@@ -474,32 +474,19 @@ def test_the_runtime_tiers_clauses_and_end_to_end_certifications_rotate_as_whole
     assert rotating_unit(item("tests/selftest/test_x.py::test_unit_of_a_helper")) is None
 
 
-def test_tiers_deal_each_lane_evenly_weighing_slow_tests_and_platform_starts():
-    """The clause passes on the run's platform run one after another beside
-    the self-tests' platforms, so each lane is dealt evenly on its own: four
-    passes split two and two, whichever tier a chain on a platform of its own
-    takes. A unit weighs its slow tests and two for each platform it starts;
-    an end-to-end group's quick tests weigh nothing."""
+def test_tiers_weigh_a_unit_by_its_tests_and_the_platforms_it_starts():
+    """A self-test chain of two tests on a platform of its own weighs as much as four clause passes."""
     from types import SimpleNamespace as NS
 
-    from fixtures.plugin import PLATFORM_START_WEIGHT, lane_of, tier_of
+    from fixtures.plugin import PLATFORM_START_WEIGHT, tier_of
 
-    def item(nodeid: str, group: str | None = None, fixtures: tuple[str, ...] = (), slow: bool = True) -> NS:
-        marks = {"slow": NS(args=()) if slow else None, "xdist_group": NS(args=(group,), kwargs={}) if group else None}
+    def item(nodeid: str, group: str | None = None, fixtures: tuple[str, ...] = ()) -> NS:
+        marks = {"slow": NS(args=()), "xdist_group": NS(args=(group,), kwargs={}) if group else None}
         return NS(nodeid=nodeid, get_closest_marker=lambda name: marks.get(name), fixturenames=fixtures)
-
-    def dealt(items: list[NS]) -> list[set[str]]:
-        return [{i.nodeid for i in tier_of(items, f"{k}/2")[0]} for k in (0, 1)]
 
     assert PLATFORM_START_WEIGHT == 2
     chain = [item(f"tests/selftest/s.py::test_{x}", group="lane", fixtures=("broken_platform", "tmp_path"))
              for x in "xy"]
-    passes = [item(f"conformance/a.py::test_{x}", fixtures=("lab",)) for x in "abcd"]
-    assert [lane_of(i.nodeid, set(i.fixturenames)) for i in (chain[0], passes[0])] == \
-        ["self-test platforms", "the run's platform"]
-    ids = {i.nodeid[-1]: i.nodeid for i in [*chain, *passes]}
-    assert dealt([*passes, *chain]) == [{ids["x"], ids["y"], ids["b"], ids["d"]}, {ids["a"], ids["c"]}]
-    group = [item("tests/test_certify_verdict.py::test_subset", group="certify-sweeps", fixtures=("target",)),
-             *[item(f"tests/test_run_leases.py::test_quick_{x}", group="certify-sweeps", slow=False) for x in "123"]]
-    assert dealt([*group, *passes[:2]]) == [{*(i.nodeid for i in group), ids["b"]}, {ids["a"]}], \
-        "the group weighs its one slow test, as much as one clause pass"
+    passes = [item(f"conformance/a.py::test_{x}") for x in "abcd"]
+    dealt = [{i.nodeid for i in tier_of([*passes, *chain], f"{k}/2")[0]} for k in (0, 1)]
+    assert dealt == [{i.nodeid for i in chain}, {i.nodeid for i in passes}]
