@@ -238,7 +238,7 @@ def test_the_golden_ray_containers_probe_rays_node_health_over_http() -> None:
         "the installed Ray's dashboard agent serves its unified node health at /api/healthz"
     templates = profile_mod.load().templates
     for kind, template in templates.items():
-        spec = template["spec"].get("rayClusterSpec") or template["spec"].get("rayClusterConfig") or template["spec"]
+        spec = golden.cluster_spec_in(template)
         groups = [("head", spec["headGroupSpec"]), *(("worker", g) for g in spec["workerGroupSpecs"])]
         for role, group in groups:
             container = group["template"]["spec"]["containers"][0]
